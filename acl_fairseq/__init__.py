@@ -1,0 +1,13 @@
+"""acl-fairseq: Aligned Contrastive Learning and multi-exit early exit for fairseq.
+
+Load with ``fairseq-train --user-dir acl_fairseq`` (or ``fairseq-validate``,
+``fairseq-hydra-train``); importing the package registers its criterions, models and tasks.
+"""
+
+from . import checkpoint_loading
+
+checkpoint_loading.install()
+
+from . import criterions, models, tasks  # noqa: E402, F401
+
+__version__ = "0.1.0"

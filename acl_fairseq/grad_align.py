@@ -1,0 +1,171 @@
+"""ACL-Grad: the angle between the CE gradient and the contrastive gradient, and the decision.
+
+Pure torch (no fairseq import). Collective operations for data-parallel training are passed
+in as callables, so this module is tested on one process.
+
+The unit of decision is one optimizer update: the CE gradient is what the trainer has
+accumulated in ``.grad`` over every micro-batch (``--update-freq``) and, after its all-reduce,
+over every worker; the contrastive gradient is accumulated the same way in a
+:class:`ContrastiveGradientBuffer` and all-reduced with the same convention. So one worker
+with ``--update-freq k`` and k workers decide on the same two vectors, and every worker
+takes the same decision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Decision",
+    "ContrastiveGradientBuffer",
+    "gradient_angle",
+    "decide",
+]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Outcome of one ACL-Grad check.
+
+    Attributes:
+        angle: angle in degrees between the CE and contrastive gradients; nan when it is not
+            defined (a zero gradient, or a non-finite one).
+        keep: whether the contrastive gradient is added to the CE gradient.
+        finite: False when either gradient holds inf/nan (fp16 overflow): the contrastive
+            gradient is then added anyway, so the loss scaler sees the overflow and the
+            trainer skips the update, and the angle must not enter any statistic.
+    """
+
+    angle: float
+    keep: bool
+    finite: bool
+
+
+def _dot_products(a: Sequence[Tensor], b: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """Returns <a,a>, <b,b>, <a,b> in float64 over two equally long lists of tensors."""
+    device = a[0].device if len(a) else torch.device("cpu")
+    aa = torch.zeros((), dtype=torch.float64, device=device)
+    bb = torch.zeros_like(aa)
+    ab = torch.zeros_like(aa)
+    for x, y in zip(a, b, strict=True):
+        x64 = x.detach().reshape(-1).double()
+        y64 = y.detach().reshape(-1).double()
+        aa += x64 @ x64
+        bb += y64 @ y64
+        ab += x64 @ y64
+    return aa, bb, ab
+
+
+def gradient_angle(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
+    """Angle in degrees between two gradients given as lists of same-shaped tensors.
+
+    Returns nan if either has zero norm or holds inf/nan. Invariant to positive scaling of
+    either gradient (so to fp16 loss scaling).
+    """
+    aa, bb, ab = _dot_products(a, b)
+    if not (torch.isfinite(aa) and torch.isfinite(bb) and torch.isfinite(ab)):
+        return math.nan
+    if aa.item() == 0.0 or bb.item() == 0.0:
+        return math.nan
+    cos = (ab / (aa.sqrt() * bb.sqrt())).clamp(-1.0, 1.0)
+    return math.degrees(math.acos(cos.item()))
+
+
+def decide(angle: float, threshold: float) -> Decision:
+    """Keeps the contrastive term unless the angle exceeds ``threshold`` degrees.
+
+    An undefined (nan) angle keeps the term: a zero gradient cannot conflict, and an
+    overflowing one must reach the loss scaler.
+    """
+    finite = not math.isnan(angle)
+    keep = (not finite) or angle <= threshold
+    return Decision(angle=angle, keep=keep, finite=finite)
+
+
+class ContrastiveGradientBuffer:
+    """Holds the contrastive gradient of the current optimizer update, beside ``.grad``.
+
+    ``params`` is fixed at construction (the model's trainable parameters). Gradients are
+    stored in one flat buffer per (device, dtype), so the data-parallel all-reduce is one
+    collective per group.
+    """
+
+    def __init__(self, params: Sequence[torch.nn.Parameter]):
+        self.params = list(params)
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, p in enumerate(self.params):
+            groups.setdefault((p.device, p.dtype), []).append(i)
+        self._groups = list(groups.items())
+        self._flat: list[Tensor] | None = None
+        self._views: list[Tensor] = []
+
+    @property
+    def empty(self) -> bool:
+        return self._flat is None
+
+    def reset(self) -> None:
+        """Drops what was accumulated (called when the trainer zeroes ``.grad``)."""
+        self._flat = None
+        self._views = []
+
+    def _allocate(self) -> None:
+        self._flat = []
+        self._views = [None] * len(self.params)  # type: ignore[list-item]
+        for (device, dtype), idx in self._groups:
+            flat = torch.zeros(
+                sum(self.params[i].numel() for i in idx), dtype=dtype, device=device
+            )
+            offset = 0
+            for i in idx:
+                n = self.params[i].numel()
+                self._views[i] = flat[offset : offset + n].view_as(self.params[i])
+                offset += n
+            self._flat.append(flat)
+
+    def accumulate(self, grads: Sequence[Tensor | None]) -> None:
+        """Adds one micro-batch's contrastive gradients (aligned with ``params``; None = 0)."""
+        if len(grads) != len(self.params):
+            raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
+        if self._flat is None:
+            self._allocate()
+        for view, g in zip(self._views, grads):
+            if g is not None:
+                view.add_(g.to(view.dtype))
+
+    def all_reduce(self, all_reduce: Callable[[Tensor], None]) -> None:
+        """Reduces the buffer in place across data-parallel workers with ``all_reduce``,
+        which must use the same convention (sum or mean) as the trainer's for ``.grad``."""
+        if self._flat is None:
+            self._allocate()
+        for flat in self._flat:  # type: ignore[union-attr]
+            all_reduce(flat)
+
+    def angle_to_grad(self) -> float:
+        """Angle in degrees between the ``.grad`` of ``params`` (CE) and this buffer."""
+        if self._flat is None:
+            return math.nan
+        a, b = [], []
+        for p, view in zip(self.params, self._views):
+            if p.grad is not None:
+                a.append(p.grad)
+                b.append(view)
+            else:
+                a.append(torch.zeros_like(view))
+                b.append(view)
+        return gradient_angle(a, b)
+
+    def add_to_grad(self) -> None:
+        """``p.grad += contrastive gradient`` for every parameter, then empties the buffer."""
+        if self._flat is None:
+            return
+        for p, view in zip(self.params, self._views):
+            if p.grad is None:
+                p.grad = view.clone()
+            else:
+                p.grad.add_(view)
+        self.reset()

@@ -1,0 +1,3 @@
+"""Tasks: importing this package registers them with fairseq."""
+
+from . import acl_sentence_prediction  # noqa: F401

@@ -1,0 +1,193 @@
+"""``--task acl_sentence_prediction``: fairseq's ``sentence_prediction`` plus ACL-Grad.
+
+One optimizer update with a criterion that returns separate loss terms (``loss_terms``) and
+has ACL-Grad on:
+
+1. ``train_step`` (once per micro-batch): one forward; the contrastive gradient is taken with
+   ``torch.autograd.grad`` (scaled like the optimizer scales losses for fp16/AMP) and added to
+   a side buffer; then the CE loss goes through the ordinary ``optimizer.backward``, so ``.grad``
+   accumulates the CE gradient. Two backward passes per micro-batch.
+2. When the trainer all-reduces gradients (``optimizer.all_reduce_grads``, once per update,
+   after the last micro-batch and before normalisation and clipping) the buffer is all-reduced
+   with the same convention (mean over workers), the angle between the two global gradients is
+   computed, rank 0's decision is broadcast, and the buffer is added to ``.grad`` if kept.
+   The trainer then normalises, clips and steps as usual.
+
+So the decision is made on the gradients of the whole update (every micro-batch of every
+worker): it is the same on all workers, and 1 worker with ``--update-freq k`` decides exactly
+like k workers. Under ``--ddp-backend pytorch_ddp`` DDP's hooks reduce the CE gradient during
+the real backward; ``autograd.grad`` does not fire them, which is why the buffer has its own
+all-reduce. The buffer is dropped whenever the trainer zeroes the gradients.
+
+A criterion without separate terms, or with ACL-Grad off, runs fairseq's own ``train_step``.
+"""
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from fairseq.distributed import utils as distributed_utils
+from fairseq.logging import metrics
+from fairseq.optim.amp_optimizer import AMPOptimizer
+from fairseq.tasks import register_task
+from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
+
+from ..grad_align import ContrastiveGradientBuffer, Decision, decide
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AclSentencePredictionConfig(SentencePredictionConfig):
+    acl_grad_log: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "append one line per update (update, angle in degrees, kept 0/1) to this "
+            "TSV file (rank 0 only), e.g. for the angle histogram"
+        },
+    )
+
+
+def _scale_like_optimizer(optimizer, loss: torch.Tensor) -> torch.Tensor:
+    """Scales ``loss`` as ``optimizer.backward`` would (fp16 / AMP loss scaling)."""
+    scaler = getattr(optimizer, "scaler", None)
+    return scaler.scale(loss) if scaler is not None else loss
+
+
+@register_task("acl_sentence_prediction", dataclass=AclSentencePredictionConfig)
+class AclSentencePredictionTask(SentencePredictionTask):
+    """Sentence(-pair) classification whose ``train_step`` applies ACL-Grad."""
+
+    supports_grad_align = True
+
+    def __init__(self, cfg: AclSentencePredictionConfig, data_dictionary, label_dictionary):
+        super().__init__(cfg, data_dictionary, label_dictionary)
+        self._buffer: ContrastiveGradientBuffer | None = None
+        self._update_num = 0
+
+    # ------------------------------------------------------------------ training step
+    def train_step(
+        self, sample, model, criterion, optimizer, update_num, ignore_grad=False, **kwargs
+    ):
+        threshold = getattr(criterion, "grad_align_threshold", None)
+        if threshold is None or not hasattr(criterion, "loss_terms"):
+            return super().train_step(
+                sample, model, criterion, optimizer, update_num, ignore_grad, **kwargs
+            )
+        model.train()
+        model.set_num_updates(update_num)
+        self._update_num = update_num
+        buffer = self._grad_buffer(model, optimizer, threshold)
+        amp = isinstance(optimizer, AMPOptimizer)
+        with torch.autocast("cuda") if amp else contextlib.nullcontext():
+            ce_loss, contrastive_loss, sample_size, logging_output = criterion.loss_terms(
+                model, sample
+            )
+        if ignore_grad:
+            ce_loss = ce_loss * 0.0
+            contrastive_loss = contrastive_loss * 0.0
+        if contrastive_loss.requires_grad:
+            grads = torch.autograd.grad(
+                _scale_like_optimizer(optimizer, contrastive_loss),
+                buffer.params,
+                retain_graph=True,
+                allow_unused=True,
+            )
+            buffer.accumulate(grads)
+        optimizer.backward(ce_loss)
+        return (ce_loss + contrastive_loss).detach(), sample_size, logging_output
+
+    def _grad_buffer(self, model, optimizer, threshold: float) -> ContrastiveGradientBuffer:
+        """The side buffer for ``model``; hooks the optimizer once (see module docstring)."""
+        if self._buffer is None or getattr(optimizer, "_acl_grad_task", None) is not self:
+            params = [p for p in model.parameters() if p.requires_grad]
+            self._buffer = ContrastiveGradientBuffer(params)
+            self._hook_optimizer(optimizer, model)
+        self._threshold = threshold
+        return self._buffer
+
+    def _hook_optimizer(self, optimizer, model) -> None:
+        all_reduce_grads = optimizer.all_reduce_grads
+        zero_grad = optimizer.zero_grad
+
+        def all_reduce_grads_then_decide(module):
+            all_reduce_grads(module)
+            if module is model:
+                self._decide_and_apply()
+
+        def zero_grad_and_buffer():
+            zero_grad()
+            if self._buffer is not None:
+                self._buffer.reset()
+
+        optimizer.all_reduce_grads = all_reduce_grads_then_decide
+        optimizer.zero_grad = zero_grad_and_buffer
+        optimizer._acl_grad_task = self
+
+    def _decide_and_apply(self) -> Decision | None:
+        buffer = self._buffer
+        if buffer is None or buffer.empty:
+            return None
+        world_size = distributed_utils.get_data_parallel_world_size()
+        if world_size > 1:
+            group = distributed_utils.get_data_parallel_group()
+
+            def mean_all_reduce(t: torch.Tensor) -> None:
+                t.div_(world_size)
+                distributed_utils.all_reduce(t, group)
+
+            buffer.all_reduce(mean_all_reduce)
+        angle = buffer.angle_to_grad()
+        if world_size > 1:
+            angle_t = torch.tensor([angle], dtype=torch.float64, device=buffer.params[0].device)
+            distributed_utils.broadcast(angle_t, src=0, group=group)
+            angle = angle_t.item()
+        decision = decide(angle, self._threshold)
+        if decision.keep:
+            buffer.add_to_grad()
+        else:
+            buffer.reset()
+        self._log_decision(decision)
+        return decision
+
+    def _log_decision(self, decision: Decision) -> None:
+        if not decision.finite:
+            return  # overflow or zero gradient: no statistic, the trainer handles overflow
+        metrics.log_scalar("acl_grad_angle", decision.angle, weight=1, round=1)
+        metrics.log_scalar("acl_grad_drop", 0.0 if decision.keep else 1.0, weight=1, round=3)
+        path = self.cfg.acl_grad_log
+        if path and _is_first_worker():
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{self._update_num}\t{decision.angle:.4f}\t{int(decision.keep)}\n")
+
+    # ------------------------------------------------------------------ set-up checks
+    @classmethod
+    def setup_task(cls, cfg, **kwargs: Any):
+        task = super().setup_task(cfg, **kwargs)
+        if not cfg.regression_target:
+            check_num_classes(cfg.num_classes, task.label_dictionary, cfg.data)
+        return task
+
+
+def _is_first_worker() -> bool:
+    if distributed_utils.get_data_parallel_world_size() == 1:
+        return True
+    return distributed_utils.get_data_parallel_rank() == 0
+
+
+def check_num_classes(num_classes: int, label_dictionary, data: str) -> None:
+    """Fails fast when ``--num-classes`` disagrees with ``label/dict.txt``."""
+    d = label_dictionary
+    labels = [
+        d.symbols[i]
+        for i in range(d.nspecial, len(d))
+        if d.count[i] > 0 and d.symbols[i] != "<mask>"
+    ]
+    if len(labels) != num_classes:
+        raise ValueError(
+            f"--num-classes {num_classes} does not match {data}/label/dict.txt, which lists "
+            f"{len(labels)} labels ({', '.join(labels[:10])}{'...' if len(labels) > 10 else ''}); "
+            f"pass --num-classes {len(labels)}"
+        )

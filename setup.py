@@ -1,0 +1,20 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="acl-fairseq",
+    version="0.1.0",
+    description=(
+        "Aligned Contrastive Learning (ACL-Embed, ACL-Grad, ACL-CL) and multi-exit "
+        "early-exit RoBERTa/BERT fine-tuning as a fairseq plugin"
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    packages=find_packages(include=["acl_fairseq", "acl_fairseq.*"]),
+    python_requires=">=3.10",
+    # fairseq itself is installed separately (fairseq-fixed, built with
+    # --no-build-isolation --no-deps, see the README): listing it here would make pip
+    # pull torchaudio and a second torch.
+    install_requires=["torch>=2.1", "numpy", "sentencepiece", "tokenizers"],
+    extras_require={"test": ["pytest", "transformers", "safetensors"]},
+)

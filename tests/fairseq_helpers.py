@@ -1,0 +1,126 @@
+"""Helpers for end-to-end tests: generated labelled text, binarization, running fairseq CLIs."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
+USER_DIR = str(REPO / "acl_fairseq")
+
+TINY_ROBERTA = (
+    "--arch roberta --encoder-layers 2 --encoder-embed-dim 32 --encoder-ffn-embed-dim 64 "
+    "--encoder-attention-heads 2 --max-positions 64"
+).split()
+
+POSITIVE = [f"good{i}" for i in range(12)]
+NEGATIVE = [f"bad{i}" for i in range(12)]
+NEUTRAL = [f"w{i}" for i in range(40)]
+
+
+def write_sentiment_split(prefix: Path, n: int, seed: int, pair: bool = False) -> None:
+    """A learnable 2-class task: the label is which of two word groups occurs more often,
+    hidden among neutral words; 10% of the labels are flipped, so it is not trivial."""
+    rng = random.Random(seed)
+    with (
+        open(f"{prefix}.input0", "w") as f0,
+        open(f"{prefix}.input1", "w") if pair else open(os.devnull, "w") as f1,
+        open(f"{prefix}.label", "w") as fl,
+    ):
+        for _ in range(n):
+            label = rng.randint(0, 1)
+            strong, weak = (POSITIVE, NEGATIVE) if label else (NEGATIVE, POSITIVE)
+            words = [rng.choice(strong) for _ in range(rng.randint(2, 4))]
+            words += [rng.choice(weak) for _ in range(rng.randint(0, 1))]
+            words += [rng.choice(NEUTRAL) for _ in range(rng.randint(3, 12))]
+            rng.shuffle(words)
+            if rng.random() < 0.1:
+                label = 1 - label
+            f0.write(" ".join(words) + "\n")
+            if pair:
+                f1.write(" ".join(rng.choice(NEUTRAL) for _ in range(rng.randint(2, 6))) + "\n")
+            fl.write(f"{label}\n")
+
+
+def preprocess(raw: Path, dest: Path, pair: bool = False) -> Path:
+    """Binarizes raw/{train,valid}.{input0,input1,label} into dest/{input0,input1,label}."""
+    fields = ["input0", "input1", "label"] if pair else ["input0", "label"]
+    for field in fields:
+        cmd = [
+            str(BIN / "fairseq-preprocess"),
+            "--only-source",
+            "--trainpref", str(raw / f"train.{field}"),
+            "--validpref", str(raw / f"valid.{field}"),
+            "--destdir", str(dest / field),
+            "--workers", "1",
+        ]
+        if field == "input1":
+            cmd += ["--srcdict", str(dest / "input0" / "dict.txt")]
+        run(cmd)
+    return dest
+
+
+def make_dataset(root: Path, n_train: int = 384, n_valid: int = 128, seed: int = 0,
+                 pair: bool = False) -> Path:
+    raw = root / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    write_sentiment_split(raw / "train", n_train, seed, pair)
+    write_sentiment_split(raw / "valid", n_valid, seed + 1, pair)
+    return preprocess(raw, root / "bin", pair)
+
+
+def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
+    """Runs a command; on failure raises with the tail of its output."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=str(REPO)
+    )
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise AssertionError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{out[-6000:]}")
+    return out
+
+
+def fairseq_train(data: Path, save_dir: Path, *args: str, env: dict | None = None) -> str:
+    cmd = [
+        str(BIN / "fairseq-train"), str(data),
+        "--user-dir", USER_DIR,
+        "--save-dir", str(save_dir),
+        "--cpu", "--num-workers", "0",
+        "--log-format", "json", "--log-interval", "1",
+        "--init-token", "0",
+        "--num-classes", "2",
+        *args,
+    ]
+    return run(cmd, env=env)
+
+
+def fairseq_validate(data: Path, checkpoint: Path, *args: str) -> str:
+    cmd = [
+        str(BIN / "fairseq-validate"), str(data),
+        "--user-dir", USER_DIR,
+        "--path", str(checkpoint),
+        "--cpu", "--num-workers", "0",
+        "--log-format", "json",
+        "--valid-subset", "valid",
+        *args,
+    ]
+    return run(cmd)
+
+
+def json_records(output: str) -> list[dict]:
+    """The JSON records fairseq's json progress bar printed (train_inner, train, valid)."""
+    records = []
+    for line in output.splitlines():
+        start = line.find("{")
+        if start < 0:
+            continue
+        try:
+            records.append(json.loads(line[start:]))
+        except json.JSONDecodeError:
+            continue
+    return records
