@@ -117,9 +117,7 @@ class ContrastiveGradientBuffer:
         self._flat = []
         self._views = [None] * len(self.params)  # type: ignore[list-item]
         for (device, dtype), idx in self._groups:
-            flat = torch.zeros(
-                sum(self.params[i].numel() for i in idx), dtype=dtype, device=device
-            )
+            flat = torch.zeros(sum(self.params[i].numel() for i in idx), dtype=dtype, device=device)
             offset = 0
             for i in idx:
                 n = self.params[i].numel()

@@ -52,10 +52,14 @@ def preprocess(raw: Path, dest: Path, pair: bool = False) -> Path:
         cmd = [
             str(BIN / "fairseq-preprocess"),
             "--only-source",
-            "--trainpref", str(raw / f"train.{field}"),
-            "--validpref", str(raw / f"valid.{field}"),
-            "--destdir", str(dest / field),
-            "--workers", "1",
+            "--trainpref",
+            str(raw / f"train.{field}"),
+            "--validpref",
+            str(raw / f"valid.{field}"),
+            "--destdir",
+            str(dest / field),
+            "--workers",
+            "1",
         ]
         if field == "input1":
             cmd += ["--srcdict", str(dest / "input0" / "dict.txt")]
@@ -63,8 +67,9 @@ def preprocess(raw: Path, dest: Path, pair: bool = False) -> Path:
     return dest
 
 
-def make_dataset(root: Path, n_train: int = 384, n_valid: int = 128, seed: int = 0,
-                 pair: bool = False) -> Path:
+def make_dataset(
+    root: Path, n_train: int = 384, n_valid: int = 128, seed: int = 0, pair: bool = False
+) -> Path:
     raw = root / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     write_sentiment_split(raw / "train", n_train, seed, pair)
@@ -87,13 +92,23 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
 
 def fairseq_train(data: Path, save_dir: Path, *args: str, env: dict | None = None) -> str:
     cmd = [
-        str(BIN / "fairseq-train"), str(data),
-        "--user-dir", USER_DIR,
-        "--save-dir", str(save_dir),
-        "--cpu", "--num-workers", "0",
-        "--log-format", "json", "--log-interval", "1",
-        "--init-token", "0",
-        "--num-classes", "2",
+        str(BIN / "fairseq-train"),
+        str(data),
+        "--user-dir",
+        USER_DIR,
+        "--save-dir",
+        str(save_dir),
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--init-token",
+        "0",
+        "--num-classes",
+        "2",
         *args,
     ]
     return run(cmd, env=env)
@@ -101,12 +116,19 @@ def fairseq_train(data: Path, save_dir: Path, *args: str, env: dict | None = Non
 
 def fairseq_validate(data: Path, checkpoint: Path, *args: str) -> str:
     cmd = [
-        str(BIN / "fairseq-validate"), str(data),
-        "--user-dir", USER_DIR,
-        "--path", str(checkpoint),
-        "--cpu", "--num-workers", "0",
-        "--log-format", "json",
-        "--valid-subset", "valid",
+        str(BIN / "fairseq-validate"),
+        str(data),
+        "--user-dir",
+        USER_DIR,
+        "--path",
+        str(checkpoint),
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--log-format",
+        "json",
+        "--valid-subset",
+        "valid",
         *args,
     ]
     return run(cmd)

@@ -51,8 +51,9 @@ def test_undefined_angles_keep_the_term_and_are_not_finite():
     assert d.keep and not d.finite
 
 
-@pytest.mark.parametrize("angle,threshold,keep", [(89.9, 90, True), (90.1, 90, False),
-                                                  (120, 150, True), (30, 0, False)])
+@pytest.mark.parametrize(
+    "angle,threshold,keep", [(89.9, 90, True), (90.1, 90, False), (120, 150, True), (30, 0, False)]
+)
 def test_decide(angle, threshold, keep):
     assert decide(angle, threshold).keep is keep
 
@@ -150,17 +151,19 @@ def test_conflicting_gradients_drop_the_term_and_grad_is_ce_only():
 
 
 def test_update_freq_decides_on_the_accumulated_gradients():
-    # micro-batch 1 alone conflicts (b=(-1,0) vs a=(1,0)), but the update's sums agree:
-    # g_ce = (1,0|1)+(1,0|1) = (2,0|2), g_con = (-1,0)+(0,3) = (-1,3|0): cos = -2/(sqrt8 sqrt10)
-    # -> 102.9 deg, dropped; with b2=(3,3): g_con=(2,3) -> kept. Decision is per update.
+    # Micro-batch 1 alone conflicts (b=(-1,0) vs a=(1,0)); the decision is on the update's
+    # sums, g_ce = (2,0|2). With b2=(3,3): g_con = (2,3|0), 67 degrees, kept. With b2=(0,3):
+    # g_con = (-1,3|0), 103 degrees, dropped.
     model, task = TwoTermModel(), make_task()
     opt = PlainOptimizer(model.parameters())
-    run_update(task, model, opt, [{"a": [1.0, 0.0], "b": [-1.0, 0.0]},
-                                  {"a": [1.0, 0.0], "b": [3.0, 3.0]}])
+    run_update(
+        task, model, opt, [{"a": [1.0, 0.0], "b": [-1.0, 0.0]}, {"a": [1.0, 0.0], "b": [3.0, 3.0]}]
+    )
     torch.testing.assert_close(model.w.grad, torch.tensor([4.0, 3.0]))
     torch.testing.assert_close(model.u.grad, torch.tensor([2.0]))
-    run_update(task, model, opt, [{"a": [1.0, 0.0], "b": [-1.0, 0.0]},
-                                  {"a": [1.0, 0.0], "b": [0.0, 3.0]}])
+    run_update(
+        task, model, opt, [{"a": [1.0, 0.0], "b": [-1.0, 0.0]}, {"a": [1.0, 0.0], "b": [0.0, 3.0]}]
+    )
     torch.testing.assert_close(model.w.grad, torch.tensor([2.0, 0.0]))
 
 
@@ -201,7 +204,8 @@ def test_angle_log_file(tmp_path):
     run_update(task, model, opt, [{"a": [1.0, 0.0], "b": [1.0, 1.0]}])
     run_update(task, model, opt, [{"a": [1.0, 0.0], "b": [-1.0, 0.0]}])
     rows = [line.split("\t") for line in log.read_text().splitlines()]
-    assert [float(r[1]) for r in rows] == pytest.approx([60.0, 135.0], abs=1e-3)  # (1,0|1) vs (-1,0|0)
+    # second update: g_ce = (1,0|1), g_con = (-1,0|0) -> 135 degrees
+    assert [float(r[1]) for r in rows] == pytest.approx([60.0, 135.0], abs=1e-3)
     assert [int(r[2]) for r in rows] == [1, 0]
 
 

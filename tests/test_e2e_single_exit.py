@@ -1,0 +1,151 @@
+"""End to end through the real ``fairseq-train`` / ``fairseq-validate`` entry points."""
+
+import importlib
+
+import pytest
+
+from fairseq_helpers import TINY_ROBERTA, fairseq_train, fairseq_validate, json_records
+
+TRAIN = [
+    *TINY_ROBERTA,
+    "--task",
+    "acl_sentence_prediction",
+    "--batch-size",
+    "16",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "1e-3",
+    "--max-epoch",
+    "4",
+    "--no-epoch-checkpoints",
+    "--best-checkpoint-metric",
+    "accuracy",
+    "--maximize-best-checkpoint-metric",
+    "--seed",
+    "1",
+]
+
+
+def records(out, kind):
+    prefix = {"train": "train_", "valid": "valid_"}[kind]
+    return [r for r in json_records(out) if f"{prefix}accuracy" in r]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "criterion,extra,grad_align",
+    [
+        ("acl_embed", [], True),
+        ("ce_scl", [], False),
+        ("ce_scl", ["--acl-grad"], True),
+        ("acl_embed", ["--no-acl-grad", "--update-freq", "2", "--report-acc-and-f1"], False),
+    ],
+)
+def test_train_then_validate(sentiment_data, tmp_path, criterion, extra, grad_align):
+    out = fairseq_train(sentiment_data, tmp_path, *TRAIN, "--criterion", criterion, *extra)
+    train = records(out, "train")
+    valid = records(out, "valid")
+    assert len(train) == 4 and len(valid) == 4
+    for key in ("loss", "ce_loss", "contrastive_loss", "accuracy"):
+        assert f"train_{key}" in train[-1] and f"valid_{key}" in valid[-1]
+    # the total is the sum of its terms (all in bits per sentence)
+    last = train[-1]
+    assert float(last["train_loss"]) == pytest.approx(
+        float(last["train_ce_loss"]) + float(last["train_contrastive_loss"]), abs=2e-3
+    )
+    if grad_align:
+        angles = [float(r["train_acl_grad_angle"]) for r in train]
+        drops = [float(r["train_acl_grad_drop"]) for r in train]
+        assert all(0.0 <= a <= 180.0 for a in angles)
+        assert all(0.0 <= d <= 1.0 for d in drops)
+    else:
+        assert "train_acl_grad_angle" not in last
+    # a learnable task: training accuracy rises well above chance
+    first_acc = float(train[0]["train_accuracy"])
+    last_acc = float(train[-1]["train_accuracy"])
+    assert last_acc > 75.0 and last_acc > first_acc + 10.0
+    assert float(valid[-1]["valid_accuracy"]) > 70.0
+    if "--report-acc-and-f1" in extra:
+        assert "valid_f1" in valid[-1]
+
+    # fairseq-validate reproduces the training run's last validation accuracy
+    vout = fairseq_validate(
+        sentiment_data,
+        tmp_path / "checkpoint_last.pt",
+        "--task",
+        "acl_sentence_prediction",
+        "--criterion",
+        criterion,
+        "--batch-size",
+        "16",
+    )
+    (vrec,) = [r for r in json_records(vout) if "valid_accuracy" in r]
+    assert float(vrec["valid_accuracy"]) == pytest.approx(float(valid[-1]["valid_accuracy"]))
+
+
+@pytest.mark.slow
+def test_angle_log_and_restore_file(sentiment_data, tmp_path):
+    """--acl-grad-log writes one row per update; the checkpoint restores into a new run."""
+    log = tmp_path / "angles.tsv"
+    stage1 = tmp_path / "stage1"
+    out = fairseq_train(
+        sentiment_data,
+        stage1,
+        *TRAIN,
+        "--criterion",
+        "acl_embed",
+        "--max-epoch",
+        "1",
+        "--acl-grad-log",
+        str(log),
+    )
+    updates = int(records(out, "train")[-1]["train_num_updates"])
+    rows = log.read_text().splitlines()
+    assert len(rows) == updates
+    kept = [int(r.split("\t")[2]) for r in rows]
+    angles = [float(r.split("\t")[1]) for r in rows]
+    assert all(k == (a <= 90.0) for k, a in zip(kept, angles))
+    out = fairseq_train(
+        sentiment_data,
+        tmp_path / "stage2",
+        *TRAIN,
+        "--criterion",
+        "ce_scl",
+        "--max-epoch",
+        "1",
+        "--restore-file",
+        str(stage1 / "checkpoint_last.pt"),
+        "--reset-optimizer",
+        "--reset-dataloader",
+        "--reset-meters",
+    )
+    assert "Loaded checkpoint" in out
+
+
+def test_import_twice_registers_once():
+    from fairseq.criterions import CRITERION_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
+
+    import acl_fairseq
+
+    importlib.reload(acl_fairseq.checkpoint_loading)
+    acl_fairseq.checkpoint_loading.install()
+    acl_fairseq.checkpoint_loading.install()
+    import acl_fairseq.criterions  # noqa: F401  (second import is a no-op)
+
+    assert {"acl_embed", "ce_scl"} <= set(CRITERION_REGISTRY)
+    assert "acl_sentence_prediction" in TASK_REGISTRY
+
+
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--temperature", "0", "--temperature must be > 0"),
+        ("--contrastive-lambda", "-1", "--contrastive-lambda must be"),
+        ("--acl-grad-threshold", "200", "--acl-grad-threshold is an angle"),
+    ],
+)
+def test_bad_hyper_parameters_fail_before_training(sentiment_data, tmp_path, flag, value, message):
+    with pytest.raises(AssertionError, match=message):
+        fairseq_train(sentiment_data, tmp_path, *TRAIN, "--criterion", "acl_embed", flag, value)
