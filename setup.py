@@ -16,5 +16,5 @@ setup(
     # --no-build-isolation --no-deps, see the README): listing it here would make pip
     # pull torchaudio and a second torch.
     install_requires=["torch>=2.1", "numpy", "sentencepiece", "tokenizers"],
-    extras_require={"test": ["pytest", "transformers", "safetensors"]},
+    extras_require={"test": ["pytest", "ruff", "transformers", "safetensors", "matplotlib"]},
 )

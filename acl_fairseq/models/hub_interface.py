@@ -1,0 +1,68 @@
+"""Hub interface of the multi-exit RoBERTa: fairseq's ``RobertaHubInterface`` plus early exit."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from fairseq import utils
+from fairseq.models.roberta.hub_interface import RobertaHubInterface
+from torch import Tensor
+
+from ..exit_policies import ExitPolicy, as_policy
+
+if TYPE_CHECKING:
+    from .multi_exit_roberta import EarlyExitResult
+
+__all__ = ["MultiExitRobertaHubInterface"]
+
+
+class MultiExitRobertaHubInterface(RobertaHubInterface):
+    """``RobertaHubInterface`` for ``MultiExitRobertaModel`` checkpoints.
+
+    Everything of the parent (``encode``, ``predict``, ``extract_features``...) works as for
+    plain RoBERTa on the final exit. Added: ``predict_early_exit`` and ``exit_logits``, both run
+    in eval mode without gradients.
+    """
+
+    def _batch(self, tokens: Tensor) -> Tensor:
+        """1D (T) or 2D (B x T) fairseq ids -> B x T on the model's device."""
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        if tokens.dim() != 2:
+            raise ValueError(f"tokens must be T or B x T, got shape {tuple(tokens.shape)}")
+        if tokens.size(-1) > self.model.max_positions():
+            raise ValueError(
+                f"tokens exceeds maximum length: {tokens.size(-1)} > {self.model.max_positions()}"
+            )
+        return tokens.long().to(device=self.device)
+
+    def predict(self, head: str, tokens: Tensor, return_logits: bool = False) -> Tensor:
+        """As ``RobertaHubInterface.predict`` (final exit), with the padding mask passed to the
+        head so that ``--exit-pooling mean`` ignores padding in a padded batch."""
+        logits = self.model(self._batch(tokens), classification_head_name=head)[0]
+        return logits if return_logits else F.log_softmax(logits, dim=-1)
+
+    def predict_early_exit(
+        self, head: str, tokens: Tensor, policy: ExitPolicy | str
+    ) -> EarlyExitResult:
+        """Batched early-exit prediction.
+
+        Args:
+            head: classification head name (e.g. ``"sentence_classification_head"``).
+            tokens: T or B x T fairseq ids (right-padded with the dictionary's pad).
+            policy: an ``ExitPolicy`` or a string for ``parse_policy`` (``"entropy:0.3"``).
+        Returns:
+            ``EarlyExitResult(predictions B, exit_layers B, logits B x K)``.
+        """
+        tokens = self._batch(tokens)
+        with utils.model_eval(self.model), torch.no_grad():
+            return self.model.early_exit(tokens, as_policy(policy), classification_head_name=head)
+
+    def exit_logits(self, head: str, tokens: Tensor) -> dict[int, Tensor]:
+        """Logits of every exit, ``{layer: B x K}`` ordered by layer (last = final head)."""
+        tokens = self._batch(tokens)
+        with utils.model_eval(self.model), torch.no_grad():
+            outputs = self.model.exit_outputs(tokens, classification_head_name=head)
+        return {out.layer: out.logits for out in outputs}

@@ -1,0 +1,503 @@
+"""Multi-exit RoBERTa/BERT for sequence classification, with batched early-exit inference.
+
+A ``MultiExitRobertaModel`` is a fairseq ``RobertaModel`` whose classification heads come in
+groups: ``register_classification_head(name, K)`` registers the *final* exit under ``name``
+(exactly where plain RoBERTa keeps its head, so plain checkpoints and fairseq tools keep
+working) and one *shallow* exit per layer in ``--exit-layers`` under ``f"{name}_exit{layer}"``.
+
+An exit at layer ``l`` sees what the encoder would output if it had only ``l`` layers: the
+hidden states after layer ``l`` (followed by the encoder's final ``layer_norm`` when the model
+has one, i.e. for pre-norm models), pooled by its head (``--exit-pooling first|mean``).
+
+* Training: ``exit_outputs`` runs the encoder once and returns every exit's logits, pooled
+  features (the ``out_proj`` input) and label embeddings (``out_proj.weight``).
+* Inference: ``early_exit`` runs the layers one by one and drops the rows that an
+  ``ExitPolicy`` lets out, so later layers run on fewer rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.roberta.model import (
+    RobertaClassificationHead,
+    RobertaModel,
+    base_architecture,
+    roberta_large_architecture,
+)
+from fairseq.utils import safe_getattr
+from torch import Tensor
+
+from ..exit_policies import ExitPolicy, as_policy
+from .hub_interface import MultiExitRobertaHubInterface
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EarlyExitResult",
+    "ExitOutput",
+    "MultiExitClassificationHead",
+    "MultiExitRobertaModel",
+    "POOLING_CHOICES",
+    "exit_head_name",
+    "parse_exit_layers",
+]
+
+POOLING_CHOICES = ("first", "mean")
+DEFAULT_HEAD_NAME = "sentence_classification_head"
+_EXIT_NAME_RE = re.compile(r"^(?P<base>.+)_exit(?P<layer>\d+)$")
+
+
+class ExitOutput(NamedTuple):
+    """One exit's output for a batch of B examples, K classes, feature size C."""
+
+    layer: int  # 1-based encoder layer the exit sits on
+    logits: Tensor  # B x K
+    features: Tensor  # B x C, the input of the head's out_proj (after dense, act, dropout)
+    label_embeddings: Tensor  # K x C, the head's out_proj.weight
+
+
+class EarlyExitResult(NamedTuple):
+    """Result of ``MultiExitRobertaModel.early_exit`` for B examples, K classes."""
+
+    predictions: Tensor  # B, long: argmax of the exit's logits
+    exit_layers: Tensor  # B, long: 1-based layer of the exit each example left at
+    logits: Tensor  # B x K: logits of that exit
+
+
+def exit_head_name(name: str, layer: int) -> str:
+    """Name of the shallow exit head at ``layer`` for the head group ``name``."""
+    return f"{name}_exit{layer}"
+
+
+def parse_exit_layers(spec: Any, num_layers: int) -> tuple[int, ...]:
+    """Shallow exit layers (sorted, 1-based) from ``--exit-layers``.
+
+    Args:
+        spec: ``None`` (every layer below the last), a comma list ``"2,4"``, an int, a
+            sequence of ints, or ``""``/``"none"`` (no shallow exit).
+        num_layers: encoder layer count L; shallow exits must lie in ``1..L-1``.
+    """
+    if spec is None:
+        return tuple(range(1, num_layers))
+    if isinstance(spec, int):
+        items: list[Any] = [spec]
+    elif isinstance(spec, str):
+        text = spec.strip()
+        items = [] if text.lower() in ("", "none") else text.split(",")
+    elif isinstance(spec, Sequence):
+        items = list(spec)
+    else:
+        raise ValueError(f"--exit-layers: expected a comma-separated list, got {spec!r}")
+    layers = []
+    for item in items:
+        try:
+            layer = int(str(item).strip())
+        except ValueError:
+            raise ValueError(
+                f"--exit-layers: {item!r} in {spec!r} is not an integer layer index"
+            ) from None
+        if not 1 <= layer <= num_layers - 1:
+            raise ValueError(
+                f"--exit-layers: layer {layer} is outside 1..{num_layers - 1}; the model has "
+                f"{num_layers} layers and layer {num_layers} always has the final exit"
+            )
+        layers.append(layer)
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"--exit-layers: duplicate layer in {spec!r}")
+    return tuple(sorted(layers))
+
+
+class MultiExitClassificationHead(RobertaClassificationHead):
+    """``RobertaClassificationHead`` with a pooling choice and a padding mask.
+
+    Same parameters (``dense``, ``out_proj``); with ``pooling="first"`` the output is
+    bit-identical to ``RobertaClassificationHead``. ``"mean"`` averages non-pad positions.
+    """
+
+    def __init__(self, *args: Any, pooling: str = "first", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if pooling not in POOLING_CHOICES:
+            raise ValueError(f"--exit-pooling must be one of {POOLING_CHOICES}, got {pooling!r}")
+        self.pooling = pooling
+
+    def pool(self, features: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """B x T x C features (+ B x T bool padding mask, True = pad) -> B x C."""
+        if self.pooling == "first":
+            return features[:, 0, :]  # <s> token (equiv. to [CLS])
+        if padding_mask is None:
+            return features.mean(dim=1)
+        keep = (~padding_mask).unsqueeze(-1).float()
+        summed = (features.float() * keep).sum(dim=1)
+        return (summed / keep.sum(dim=1).clamp(min=1.0)).type_as(features)
+
+    def forward_with_features(
+        self, features: Tensor, padding_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """B x T x C -> (logits B x K, out_proj input B x C')."""
+        x = self.pool(features, padding_mask)
+        x = self.dropout(x)
+        x = self.dense(x)
+        x = self.activation_fn(x)
+        x = self.dropout(x)
+        return self.out_proj(x), x
+
+    def forward(self, features: Tensor, padding_mask: Tensor | None = None, **kwargs: Any):
+        """B x T x C -> logits B x K."""
+        return self.forward_with_features(features, padding_mask)[0]
+
+
+@register_model("multi_exit_roberta")
+class MultiExitRobertaModel(RobertaModel):
+    """RoBERTa with a classification exit after selected layers (see module docstring)."""
+
+    def __init__(self, args: Any, encoder: Any) -> None:
+        super().__init__(args, encoder)
+        if safe_getattr(args, "encoder_layerdrop", 0.0) > 0:
+            raise ValueError(
+                "multi_exit_roberta does not support --encoder-layerdrop > 0 (the exits "
+                "need the hidden states of every layer)"
+            )
+        self.num_layers: int = len(self.encoder.sentence_encoder.layers)
+        self.shallow_exit_layers: tuple[int, ...] = parse_exit_layers(
+            safe_getattr(args, "exit_layers", None), self.num_layers
+        )
+        self.exit_pooling: str = safe_getattr(args, "exit_pooling", "first")
+        if self.exit_pooling not in POOLING_CHOICES:
+            raise ValueError(
+                f"--exit-pooling must be one of {POOLING_CHOICES}, got {self.exit_pooling!r}"
+            )
+
+    @staticmethod
+    def add_args(parser) -> None:
+        """Add model-specific arguments to the parser."""
+        RobertaModel.add_args(parser)
+        parser.add_argument(
+            "--exit-layers",
+            type=str,
+            metavar="L1,L2,...",
+            help="comma-separated 1-based encoder layers with a shallow exit (default: every "
+            "layer below the last; the last layer always has the final exit; 'none' for none)",
+        )
+        parser.add_argument(
+            "--exit-pooling",
+            choices=POOLING_CHOICES,
+            help="pooling of every exit (shallow and final): 'first' token like "
+            "RobertaClassificationHead, or 'mean' over non-pad tokens (default: first)",
+        )
+
+    @classmethod
+    def hub_models(cls) -> dict[str, str]:
+        return {}
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_name_or_path: str,
+        checkpoint_file: str = "model.pt",
+        data_name_or_path: str = ".",
+        bpe: str | None = "gpt2",
+        **kwargs: Any,
+    ) -> MultiExitRobertaHubInterface:
+        """Load a multi-exit checkpoint (trained with a ``multi_exit_roberta*`` arch)."""
+        from fairseq import hub_utils
+
+        x = hub_utils.from_pretrained(
+            model_name_or_path,
+            checkpoint_file,
+            data_name_or_path,
+            archive_map=cls.hub_models(),
+            bpe=bpe,
+            load_checkpoint_heads=True,
+            **kwargs,
+        )
+        model = x["models"][0]
+        if not isinstance(model, MultiExitRobertaModel):
+            raise TypeError(
+                f"{model_name_or_path}/{checkpoint_file} holds a {type(model).__name__}, not a "
+                "multi_exit_roberta model"
+            )
+        return MultiExitRobertaHubInterface(x["args"], x["task"], model)
+
+    # ------------------------------------------------------------------ heads
+
+    def register_classification_head(
+        self, name: str, num_classes: int | None = None, inner_dim: int | None = None, **kwargs
+    ) -> None:
+        """Register the final exit under ``name`` and every shallow exit next to it."""
+        if name in self.classification_heads:
+            prev = self.classification_heads[name]
+            if (
+                num_classes != prev.out_proj.out_features
+                or (inner_dim or self.args.encoder_embed_dim) != prev.dense.out_features
+            ):
+                logger.warning(
+                    f're-registering head "{name}" with num_classes {num_classes} (prev: '
+                    f"{prev.out_proj.out_features}) and inner_dim {inner_dim} (prev: "
+                    f"{prev.dense.out_features})"
+                )
+        self.classification_heads[name] = self._build_head(num_classes, inner_dim)
+        for layer in self.shallow_exit_layers:
+            self.classification_heads[exit_head_name(name, layer)] = self._build_head(
+                num_classes, inner_dim
+            )
+
+    def _build_head(self, num_classes: int | None, inner_dim: int | None):
+        args = self.args
+        return MultiExitClassificationHead(
+            input_dim=args.encoder_embed_dim,
+            inner_dim=inner_dim or args.encoder_embed_dim,
+            num_classes=num_classes,
+            activation_fn=args.pooler_activation_fn,
+            pooler_dropout=args.pooler_dropout,
+            q_noise=args.quant_noise_pq,
+            qn_block_size=args.quant_noise_pq_block_size,
+            do_spectral_norm=args.spectral_norm_classification_head,
+            pooling=self.exit_pooling,
+        )
+
+    def exit_heads(
+        self, name: str = DEFAULT_HEAD_NAME
+    ) -> list[tuple[int, MultiExitClassificationHead]]:
+        """``[(layer, head)]`` of the head group ``name``, by layer; the last is the final."""
+        names = [exit_head_name(name, layer) for layer in self.shallow_exit_layers] + [name]
+        missing = [n for n in names if n not in self.classification_heads]
+        if missing:
+            raise KeyError(
+                f"classification heads {missing} are not registered; call "
+                f"register_classification_head({name!r}, num_classes) first"
+            )
+        layers = list(self.shallow_exit_layers) + [self.num_layers]
+        return [(layer, self.classification_heads[n]) for layer, n in zip(layers, names)]
+
+    # --------------------------------------------------------------- forwards
+
+    def _padding_mask(self, src_tokens: Tensor) -> Tensor:
+        """B x T bool, True at padding."""
+        return src_tokens.eq(self.encoder.sentence_encoder.padding_idx)
+
+    def _exit_hidden(self, x: Tensor) -> Tensor:
+        """T x B x C hidden states after some layer -> what an exit sees (T x B x C)."""
+        layer_norm = self.encoder.sentence_encoder.layer_norm
+        return layer_norm(x) if layer_norm is not None else x
+
+    def forward(
+        self,
+        src_tokens: Tensor,
+        features_only: bool = False,
+        return_all_hiddens: bool = False,
+        classification_head_name: str | None = None,
+        **kwargs: Any,
+    ):
+        """As ``RobertaModel.forward``; heads also get the padding mask (for mean pooling)."""
+        if classification_head_name is None:
+            return super().forward(src_tokens, features_only, return_all_hiddens, **kwargs)
+        x, extra = self.encoder(src_tokens, True, return_all_hiddens, **kwargs)
+        head = self.classification_heads[classification_head_name]
+        return head(x, padding_mask=self._padding_mask(src_tokens)), extra
+
+    def exit_outputs(
+        self,
+        src_tokens: Tensor,
+        classification_head_name: str = DEFAULT_HEAD_NAME,
+        **unused: Any,
+    ) -> list[ExitOutput]:
+        """Every exit's output from one encoder pass (training or evaluation).
+
+        Args:
+            src_tokens: B x T token ids (other ``net_input`` entries such as ``src_lengths``
+                are accepted and ignored, so ``exit_outputs(**sample["net_input"])`` works).
+        Returns:
+            one ``ExitOutput`` per exit ordered by layer; the last one's logits equal
+            ``self(src_tokens, classification_head_name=name)[0]``.
+        """
+        heads = self.exit_heads(classification_head_name)
+        features, extra = self.encoder(src_tokens, features_only=True, return_all_hiddens=True)
+        inner_states = extra["inner_states"]  # L+1 tensors T x B x C, index 0 = embeddings
+        if len(inner_states) != self.num_layers + 1:
+            raise RuntimeError(
+                f"expected {self.num_layers + 1} hidden states, got {len(inner_states)}"
+            )
+        padding_mask = self._padding_mask(src_tokens)
+        outputs = []
+        for layer, head in heads:
+            if layer == self.num_layers:
+                hidden = features  # B x T x C, final layer_norm already applied
+            else:
+                hidden = self._exit_hidden(inner_states[layer]).transpose(0, 1)
+            logits, pooled = head.forward_with_features(hidden, padding_mask)
+            outputs.append(ExitOutput(layer, logits, pooled, head.out_proj.weight))
+        return outputs
+
+    @torch.no_grad()
+    def early_exit(
+        self,
+        src_tokens: Tensor,
+        policy: ExitPolicy | str,
+        classification_head_name: str = DEFAULT_HEAD_NAME,
+        **unused: Any,
+    ) -> EarlyExitResult:
+        """Batched early-exit inference (eval mode, no gradients).
+
+        Mirrors ``TransformerEncoder.forward`` layer by layer. At each shallow exit the
+        running rows' logits go to ``policy``; rows that exit are recorded and removed from
+        the hidden states (T x B x C), the padding mask (B x T) and the policy state, and
+        trailing columns that became all-pad are trimmed. Rows still running at the last
+        layer exit there.
+
+        Args:
+            src_tokens: B x T token ids (``src_lengths`` etc. are ignored).
+            policy: an ``ExitPolicy`` or a ``parse_policy`` string.
+        Returns:
+            ``EarlyExitResult(predictions B, exit_layers B, logits B x K)``.
+        """
+        if self.training:
+            raise RuntimeError("early_exit is for inference: call model.eval() first")
+        policy = as_policy(policy)
+        heads = dict(self.exit_heads(classification_head_name))
+        encoder = self.encoder.sentence_encoder
+        bsz, device = src_tokens.size(0), src_tokens.device
+
+        padding_mask = self._padding_mask(src_tokens)  # B x T
+        has_pads = padding_mask.any()
+        x, _ = encoder.forward_embedding(src_tokens)  # B x T x C
+        x = x * (1 - padding_mask.unsqueeze(-1).type_as(x) * has_pads.type_as(x))
+        x = x.transpose(0, 1)  # T x B x C
+
+        rows = torch.arange(bsz, device=device)  # original index of each running row
+        state = policy.init_state(bsz, device)
+        predictions = torch.zeros(bsz, dtype=torch.long, device=device)
+        exit_layers = torch.zeros(bsz, dtype=torch.long, device=device)
+        all_logits: Tensor | None = None
+
+        for layer_idx, layer in enumerate(encoder.layers, start=1):
+            out = layer(x, encoder_padding_mask=padding_mask if has_pads else None)
+            x = out[0] if isinstance(out, tuple) and len(out) == 2 else out
+            if layer_idx not in heads:
+                continue
+            hidden = self._exit_hidden(x).transpose(0, 1)  # B' x T x C
+            logits = heads[layer_idx](hidden, padding_mask=padding_mask)  # B' x K
+            if layer_idx == self.num_layers:
+                exit_mask = torch.ones(rows.size(0), dtype=torch.bool, device=device)
+            else:
+                exit_mask, state = policy.decide(logits, state)
+            if all_logits is None:
+                all_logits = logits.new_zeros(bsz, logits.size(-1))
+            leaving = rows[exit_mask]
+            all_logits[leaving] = logits[exit_mask]
+            predictions[leaving] = logits[exit_mask].argmax(dim=-1)
+            exit_layers[leaving] = layer_idx
+
+            keep = (~exit_mask).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            if keep.numel() < rows.size(0):
+                rows = rows.index_select(0, keep)
+                x = x.index_select(1, keep)
+                padding_mask = padding_mask.index_select(0, keep)
+                state = {k: v.index_select(0, keep) for k, v in state.items()}
+                x, padding_mask = _trim_trailing_padding(x, padding_mask)
+                has_pads = padding_mask.any()
+
+        assert all_logits is not None  # the last layer always has an exit
+        return EarlyExitResult(predictions, exit_layers, all_logits)
+
+    # ------------------------------------------------------- checkpoint upgrade
+
+    def upgrade_state_dict_named(self, state_dict: dict[str, Tensor], name: str) -> None:
+        """Plain RoBERTa upgrade, made aware of exit head groups.
+
+        ``RobertaModel.upgrade_state_dict_named`` already copies heads that the model has but
+        the checkpoint lacks (e.g. exit heads when loading a plain RoBERTa checkpoint) from the
+        model into ``state_dict``, so they keep their fresh initialisation under
+        ``strict=True``. Before it runs, with ``--load-checkpoint-heads`` we register the
+        checkpoint's head groups by their base name (so exit heads are not registered as
+        groups of their own), and drop checkpoint exit heads at layers this model has no exit
+        at.
+        """
+        prefix = name + "." if name != "" else ""
+        heads_prefix = prefix + "classification_heads."
+        ckpt_heads = {
+            k[len(heads_prefix) :].split(".")[0] for k in state_dict if k.startswith(heads_prefix)
+        }
+        exit_of = {}  # checkpoint exit head name -> (base name, layer)
+        for head in ckpt_heads:
+            match = _EXIT_NAME_RE.match(head)
+            if match and (
+                match["base"] in ckpt_heads or match["base"] in self.classification_heads
+            ):
+                exit_of[head] = (match["base"], int(match["layer"]))
+
+        if safe_getattr(self.args, "load_checkpoint_heads", False):
+            for head in sorted(ckpt_heads - set(exit_of)):
+                if head not in self.classification_heads:
+                    self.register_classification_head(
+                        head,
+                        num_classes=state_dict[f"{heads_prefix}{head}.out_proj.weight"].size(0),
+                        inner_dim=state_dict[f"{heads_prefix}{head}.dense.weight"].size(0),
+                    )
+        for head, (_, layer) in exit_of.items():
+            if layer not in self.shallow_exit_layers:
+                logger.warning(
+                    f"deleting exit head {head} from checkpoint: this model has no exit at "
+                    f"layer {layer} (--exit-layers {','.join(map(str, self.shallow_exit_layers))})"
+                )
+                for k in [k for k in state_dict if k.startswith(f"{heads_prefix}{head}.")]:
+                    del state_dict[k]
+        super().upgrade_state_dict_named(state_dict, name)
+
+
+def _trim_trailing_padding(x: Tensor, padding_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Drop trailing columns that are padding in every row (keeps >= 1 column).
+
+    Exact: padded keys get zero attention weight and pooling ignores them.
+    x: T x B x C, padding_mask: B x T.
+    """
+    nonpad_cols = (~padding_mask).any(dim=0).nonzero()
+    length = int(nonpad_cols.max()) + 1 if nonpad_cols.numel() > 0 else 1
+    if length < padding_mask.size(1):
+        x, padding_mask = x[:length], padding_mask[:, :length]
+    return x, padding_mask
+
+
+# ----------------------------------------------------------------- architectures
+
+
+def _exit_defaults(args: Any) -> None:
+    args.exit_layers = safe_getattr(args, "exit_layers", None)
+    args.exit_pooling = safe_getattr(args, "exit_pooling", "first")
+
+
+@register_model_architecture("multi_exit_roberta", "multi_exit_roberta")
+def multi_exit_roberta_architecture(args: Any) -> None:
+    """RoBERTa-base defaults; every ``--encoder-*`` size can be overridden (e.g. MiniLM)."""
+    _exit_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("multi_exit_roberta", "multi_exit_roberta_base")
+def multi_exit_roberta_base_architecture(args: Any) -> None:
+    _exit_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("multi_exit_roberta", "multi_exit_roberta_large")
+def multi_exit_roberta_large_architecture(args: Any) -> None:
+    _exit_defaults(args)
+    roberta_large_architecture(args)
+
+
+@register_model_architecture("multi_exit_roberta", "multi_exit_roberta_tiny")
+def multi_exit_roberta_tiny_architecture(args: Any) -> None:
+    """4 layers x 32 dims, 4 heads: for tests."""
+    args.encoder_layers = safe_getattr(args, "encoder_layers", 4)
+    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 32)
+    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 64)
+    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 4)
+    _exit_defaults(args)
+    base_architecture(args)

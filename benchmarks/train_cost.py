@@ -1,0 +1,152 @@
+"""Training cost of the contrastive criterions relative to fairseq's ``sentence_prediction``.
+
+Same model, same batch, same process, through fairseq's real ``Trainer.train_step`` (so the
+ACL-Grad hook, the all-reduce interception and the optimizer step are all included).
+Methods run interleaved in rounds so machine noise hits them alike; the table gives the
+median seconds per update and the ratio to the baseline, and peak memory where measurable.
+
+    python benchmarks/train_cost.py                      # MiniLM-L6 sized, batch 32, length 128
+    python benchmarks/train_cost.py --layers 12 --dim 768 --heads 12 --ffn 3072   # BERT-base
+"""
+
+import argparse
+import contextlib
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from fairseq import options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.trainer import Trainer
+
+import acl_fairseq  # noqa: F401  (registers the plugin)
+
+METHODS = {
+    "CE (fairseq sentence_prediction)": ["--criterion", "sentence_prediction"],
+    "CE+SCL (ce_scl)": ["--criterion", "ce_scl"],
+    "ACL-Embed, ACL-Grad off": ["--criterion", "acl_embed", "--no-acl-grad"],
+    "ACL-Embed + ACL-Grad (acl_embed)": ["--criterion", "acl_embed"],
+}
+
+
+def write_dicts(root: Path, vocab: int, classes: int) -> None:
+    (root / "input0").mkdir(parents=True)
+    (root / "label").mkdir()
+    (root / "input0" / "dict.txt").write_text("".join(f"t{i} 1\n" for i in range(vocab)))
+    (root / "label" / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(classes)))
+
+
+def build_trainer(data: Path, a: argparse.Namespace, method_args: list[str]) -> Trainer:
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            str(data),
+            "--user-dir",
+            str(Path(acl_fairseq.__file__).parent),
+            "--task",
+            "acl_sentence_prediction",
+            "--num-classes",
+            str(a.classes),
+            "--arch",
+            "roberta",
+            "--encoder-layers",
+            str(a.layers),
+            "--encoder-embed-dim",
+            str(a.dim),
+            "--encoder-ffn-embed-dim",
+            str(a.ffn),
+            "--encoder-attention-heads",
+            str(a.heads),
+            "--max-positions",
+            "512",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-5",
+            "--batch-size",
+            str(a.batch),
+            "--seed",
+            "1",
+            "--dropout",
+            "0.1",
+            "--num-workers",
+            "0",
+            *([] if torch.cuda.is_available() else ["--cpu"]),
+            *method_args,
+        ],
+    )
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    return Trainer(cfg, task, model, criterion)
+
+
+def make_sample(a: argparse.Namespace, device: torch.device) -> dict:
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(4, a.vocab, (a.batch, a.length), generator=g)
+    tokens[:, 0] = 0
+    return {
+        "id": torch.arange(a.batch),
+        "net_input": {"src_tokens": tokens, "src_lengths": torch.full((a.batch,), a.length)},
+        "target": torch.randint(0, a.classes, (a.batch,), generator=g),
+        "ntokens": a.batch * a.length,
+        "nsentences": a.batch,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--ffn", type=int, default=1536)
+    p.add_argument("--vocab", type=int, default=30522)
+    p.add_argument("--classes", type=int, default=2)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--length", type=int, default=128)
+    p.add_argument("--updates", type=int, default=5, help="timed updates per method per round")
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+
+    cuda = torch.cuda.is_available()
+    with tempfile.TemporaryDirectory() as tmp:
+        write_dicts(Path(tmp), a.vocab, a.classes)
+        trainers = {name: build_trainer(Path(tmp), a, args) for name, args in METHODS.items()}
+        times: dict[str, list[float]] = {name: [] for name in METHODS}
+        peak: dict[str, float] = {}
+        for trainer in trainers.values():  # warm-up
+            trainer.train_step([make_sample(a, trainer.device)])
+        for _ in range(a.rounds):
+            for name, trainer in trainers.items():
+                sample = make_sample(a, trainer.device)
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                for _ in range(a.updates):
+                    start = time.perf_counter()
+                    trainer.train_step([sample])
+                    if cuda:
+                        torch.cuda.synchronize()
+                    times[name].append(time.perf_counter() - start)
+                if cuda:
+                    peak[name] = torch.cuda.max_memory_allocated() / 2**20
+
+    base = statistics.median(times[next(iter(METHODS))])
+    device = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
+    print(f"\nmodel: {a.layers} layers x {a.dim}, batch {a.batch} x {a.length} tokens, {device}")
+    print(f"{a.rounds} rounds x {a.updates} updates per method, median seconds per update\n")
+    print("| method | s/update | ratio to CE | peak MiB |")
+    print("|---|---|---|---|")
+    for name in METHODS:
+        med = statistics.median(times[name])
+        mem = f"{peak[name]:.0f}" if name in peak else "n/a (CPU)"
+        print(f"| {name} | {med:.3f} | {med / base:.2f}x | {mem} |")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
