@@ -1,3 +1,3 @@
 """Criterions: importing this package registers them with fairseq."""
 
-from . import acl_embed, ce_scl  # noqa: F401
+from . import acl_cross_layer, acl_embed, ce_scl, multi_exit_ce  # noqa: F401

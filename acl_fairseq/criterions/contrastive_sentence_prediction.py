@@ -107,6 +107,20 @@ def classification_head(model: nn.Module, name: str) -> nn.Module:
     return head
 
 
+def add_predictions(
+    criterion: SentencePredictionCriterion, logging_output: dict, preds: Tensor, targets: Tensor
+) -> None:
+    """Label strings of predictions and targets for MCC / F1 in validation, as fairseq does."""
+    offset = criterion.label_dict.nspecial
+    label_string = criterion.label_dict.string
+    logging_output["pred"] = list(map(int, label_string(preds + offset).split()))
+    logging_output["targ"] = list(map(int, label_string(targets + offset).split()))
+    if criterion.report_mcc:
+        logging_output["report_mcc"] = True
+    if criterion.report_acc_and_f1:
+        logging_output["report_acc_and_f1"] = True
+
+
 class ContrastiveSentencePredictionCriterion(SentencePredictionCriterion):
     """CE plus a contrastive term on the head's pooled feature; subclasses pick the term."""
 
@@ -174,18 +188,8 @@ class ContrastiveSentencePredictionCriterion(SentencePredictionCriterion):
             "ncorrect": (logits.argmax(dim=1) == targets).sum(),
         }
         if self.keep_pred_and_targ and not model.training:
-            self._add_predictions(logging_output, logits.argmax(dim=1), targets)
+            add_predictions(self, logging_output, logits.argmax(dim=1), targets)
         return LossTerms(ce_loss, contrastive_loss, sample_size, logging_output)
-
-    def _add_predictions(self, logging_output: dict, preds: Tensor, targets: Tensor) -> None:
-        """Label strings of predictions and targets for MCC / F1, as fairseq does."""
-        offset = self.label_dict.nspecial
-        logging_output["pred"] = list(map(int, self.label_dict.string(preds + offset).split()))
-        logging_output["targ"] = list(map(int, self.label_dict.string(targets + offset).split()))
-        if self.report_mcc:
-            logging_output["report_mcc"] = True
-        if self.report_acc_and_f1:
-            logging_output["report_acc_and_f1"] = True
 
     def forward(self, model, sample, reduce=True):
         ce_loss, contrastive_loss, sample_size, logging_output = self.loss_terms(model, sample)

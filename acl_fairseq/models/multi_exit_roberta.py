@@ -190,6 +190,12 @@ class MultiExitRobertaModel(RobertaModel):
             help="pooling of every exit (shallow and final): 'first' token like "
             "RobertaClassificationHead, or 'mean' over non-pad tokens (default: first)",
         )
+        parser.add_argument(
+            "--freeze-backbone",
+            action="store_true",
+            help="DeeBERT-style second stage: train only the shallow exit heads; the "
+            "embeddings, the transformer layers and the final exit are frozen",
+        )
 
     @classmethod
     def hub_models(cls) -> dict[str, str]:
@@ -246,6 +252,19 @@ class MultiExitRobertaModel(RobertaModel):
             self.classification_heads[exit_head_name(name, layer)] = self._build_head(
                 num_classes, inner_dim
             )
+        if safe_getattr(self.args, "freeze_backbone", False):
+            self.freeze_backbone(name)
+
+    def freeze_backbone(self, name: str = DEFAULT_HEAD_NAME) -> None:
+        """Leaves only the shallow exit heads of group ``name`` trainable."""
+        if not self.shallow_exit_layers:
+            raise ValueError(
+                "--freeze-backbone leaves nothing to train: the model has no shallow exits "
+                "(--exit-layers none)"
+            )
+        self.requires_grad_(False)
+        for _layer, head in self.exit_heads(name)[:-1]:
+            head.requires_grad_(True)
 
     def _build_head(self, num_classes: int | None, inner_dim: int | None):
         args = self.args

@@ -1,0 +1,133 @@
+"""``--criterion multi_exit_ce``: joint weighted CE over every exit (the multi-exit baseline).
+
+``loss = sum_l w_l * CE_l`` with ``w_l = l / sum(l)`` over the exit layers (PABEE's
+``sum(i * CE_i) / sum(i)``) or uniform weights. Logs ``accuracy`` of the final exit (so
+``--best-checkpoint-metric accuracy`` keeps meaning the full model) and ``accuracy_exit{l}`` /
+``loss_exit{l}`` of every exit, in training and in validation, so ``fairseq-validate`` prints
+the layer-score curve in one pass.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from fairseq.criterions import register_criterion
+from fairseq.criterions.sentence_prediction import (
+    SentencePredictionConfig,
+    SentencePredictionCriterion,
+)
+from fairseq.dataclass import ChoiceEnum
+from fairseq.logging import metrics
+from torch import Tensor, nn
+
+from .contrastive_sentence_prediction import LossTerms, add_predictions
+
+EXIT_WEIGHTING = ChoiceEnum(["layer", "uniform"])
+
+
+@dataclass
+class MultiExitCeConfig(SentencePredictionConfig):
+    exit_weighting: EXIT_WEIGHTING = field(
+        default="layer",
+        metadata={
+            "help": "weights of the exits' losses: 'layer' (w_l proportional to the layer "
+            "index, PABEE) or 'uniform'; normalised to sum to 1"
+        },
+    )
+
+
+def exit_weights(layers: list[int], weighting: str) -> list[float]:
+    """Normalised loss weight of each exit layer."""
+    raw = [float(layer) for layer in layers] if weighting == "layer" else [1.0] * len(layers)
+    total = sum(raw)
+    return [w / total for w in raw]
+
+
+@register_criterion("multi_exit_ce", dataclass=MultiExitCeConfig)
+class MultiExitCeCriterion(SentencePredictionCriterion):
+    """Weighted CE over the exits of a ``multi_exit_roberta`` model."""
+
+    name = "multi_exit_ce"
+
+    def __init__(self, cfg: MultiExitCeConfig, task):
+        if cfg.regression_target:
+            raise ValueError(
+                f"--criterion {self.name} is for classification; --regression-target is set"
+            )
+        super().__init__(cfg, task)
+        self.exit_weighting = cfg.exit_weighting
+
+    def exit_outputs(self, model: nn.Module, sample: dict[str, Any]):
+        if not hasattr(model, "exit_outputs"):
+            raise ValueError(
+                f"--criterion {self.name} needs a multi-exit model (--arch multi_exit_roberta, "
+                "multi_exit_roberta_base, ...); this model has no exits"
+            )
+        return model.exit_outputs(
+            **sample["net_input"], classification_head_name=self.classification_head_name
+        )
+
+    def contrastive_terms(self, outputs, targets: Tensor) -> list[Tensor] | None:
+        """Per-exit mean contrastive losses, already weighted by their lambda; None if none."""
+        return None
+
+    def loss_terms(self, model: nn.Module, sample: dict[str, Any]) -> LossTerms:
+        outputs = self.exit_outputs(model, sample)
+        final_logits = outputs[-1].logits
+        targets = model.get_targets(sample, [final_logits]).view(-1)
+        sample_size = targets.numel()
+        weights = exit_weights([o.layer for o in outputs], self.exit_weighting)
+        ce_per_exit = [
+            F.nll_loss(F.log_softmax(o.logits, -1, dtype=torch.float32), targets, reduction="sum")
+            for o in outputs
+        ]
+        ce_loss = sum(w * ce for w, ce in zip(weights, ce_per_exit))
+        contrastive = self.contrastive_terms(outputs, targets)
+        if contrastive is None:
+            contrastive_loss = final_logits.sum() * 0.0
+        else:
+            contrastive_loss = sample_size * sum(w * c for w, c in zip(weights, contrastive))
+        loss = ce_loss + contrastive_loss
+
+        logging_output: dict[str, Any] = {
+            "loss": loss.data,
+            "ce_loss": ce_loss.data,
+            "contrastive_loss": contrastive_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample_size,
+            "sample_size": sample_size,
+            "ncorrect": (final_logits.argmax(dim=1) == targets).sum(),
+        }
+        for o, ce in zip(outputs, ce_per_exit):
+            logging_output[f"loss_exit{o.layer}"] = ce.data
+            logging_output[f"ncorrect_exit{o.layer}"] = (o.logits.argmax(dim=1) == targets).sum()
+        if self.keep_pred_and_targ and not model.training:
+            add_predictions(self, logging_output, final_logits.argmax(dim=1), targets)
+        return LossTerms(ce_loss, contrastive_loss, sample_size, logging_output)
+
+    def forward(self, model, sample, reduce=True):
+        ce_loss, contrastive_loss, sample_size, logging_output = self.loss_terms(model, sample)
+        return ce_loss + contrastive_loss, sample_size, logging_output
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        SentencePredictionCriterion.reduce_metrics(logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        nsentences = sum(log.get("nsentences", 0) for log in logging_outputs)
+        keys = logging_outputs[0].keys() if logging_outputs else []
+        for key in ("ce_loss", "contrastive_loss"):
+            total = sum(log.get(key, 0) for log in logging_outputs)
+            metrics.log_scalar(key, total / (sample_size or 1) / math.log(2), sample_size, round=3)
+        prefix = "ncorrect_exit"
+        layers = sorted(int(k[len(prefix) :]) for k in keys if k.startswith(prefix))
+        for layer in layers:
+            ncorrect = sum(log.get(f"ncorrect_exit{layer}", 0) for log in logging_outputs)
+            loss = sum(log.get(f"loss_exit{layer}", 0) for log in logging_outputs)
+            metrics.log_scalar(
+                f"accuracy_exit{layer}", 100.0 * ncorrect / (nsentences or 1), nsentences, round=1
+            )
+            metrics.log_scalar(
+                f"loss_exit{layer}", loss / (sample_size or 1) / math.log(2), sample_size, round=3
+            )

@@ -1,0 +1,175 @@
+"""Criterions against an independent computation from the model's raw outputs.
+
+The reference recomputes every term from ``exit_outputs`` / the head's pooled feature with the
+loop-based SupCon of ``test_losses`` and ``F.cross_entropy``: no code shared with the
+criterions beyond the model.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq import options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from test_losses import naive_supcon
+
+from acl_fairseq.tasks.acl_sentence_prediction import check_num_classes
+
+NUM_CLASSES = 3
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    (root / "input0").mkdir()
+    (root / "label").mkdir()
+    (root / "input0" / "dict.txt").write_text("".join(f"w{i} {100 - i}\n" for i in range(30)))
+    (root / "label" / "dict.txt").write_text("".join(f"{c} 1\n" for c in range(NUM_CLASSES)))
+    return root
+
+
+def build(data_dir, criterion: list[str], arch: str = "multi_exit_roberta_tiny"):
+    args = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [
+            str(data_dir), "--task", "acl_sentence_prediction", "--num-classes",
+            str(NUM_CLASSES), "--max-positions", "64", "--arch", arch,
+            "--encoder-layers", "3", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim",
+            "32", "--encoder-attention-heads", "2", "--dropout", "0", "--attention-dropout", "0",
+            "--pooler-dropout", "0", "--seed", "3", *criterion,
+        ],
+    )  # fmt: skip
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    torch.manual_seed(3)
+    model = task.build_model(cfg.model)
+    return task, model, task.build_criterion(cfg.criterion)
+
+
+def sample(n=6, seq=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, 30, (n, seq), generator=g)
+    tokens[:, 0] = 0
+    tokens[0, -2:] = 1  # some padding
+    return {
+        "net_input": {"src_tokens": tokens, "src_lengths": torch.full((n,), seq)},
+        "target": torch.tensor([0, 1, 2, 0, 1, 1])[:n],
+        "ntokens": n * seq,
+        "nsentences": n,
+    }
+
+
+def naive_with_labels(features, label_emb, targets, tau):
+    return naive_supcon(
+        list(features) + list(label_emb), targets.tolist() + list(range(label_emb.size(0))), tau
+    )
+
+
+@pytest.mark.parametrize("weighting", ["layer", "uniform"])
+def test_acl_cross_layer_against_reference(data_dir, weighting):
+    lam, lam_cl, tau = 0.7, 0.4, 0.25
+    _, model, crit = build(
+        data_dir,
+        ["--criterion", "acl_cross_layer", "--contrastive-lambda", str(lam),
+         "--cross-layer-lambda", str(lam_cl), "--temperature", str(tau),
+         "--exit-weighting", weighting],
+    )  # fmt: skip
+    model.eval()
+    s = sample()
+    ce, con, n, log = crit.loss_terms(model, s)
+
+    outs = model.exit_outputs(s["net_input"]["src_tokens"])
+    assert [o.layer for o in outs] == [1, 2, 3]
+    y = s["target"]
+    raw = [1.0, 2.0, 3.0] if weighting == "layer" else [1.0, 1.0, 1.0]
+    w = [r / sum(raw) for r in raw]
+    ref_ce = sum(wi * F.cross_entropy(o.logits, y, reduction="sum") for wi, o in zip(w, outs))
+    t = outs[-1]
+    ref_con = 0.0
+    for wi, o in zip(w[:-1], outs[:-1]):
+        k = NUM_CLASSES
+        vectors = list(o.features) + list(o.label_embeddings) + list(t.features)
+        vectors += list(t.label_embeddings)
+        labels = y.tolist() + list(range(k)) + y.tolist() + list(range(k))
+        ref_con += wi * lam_cl * naive_supcon(vectors, labels, tau)
+    ref_con += w[-1] * lam * naive_with_labels(t.features, t.label_embeddings, y, tau)
+    assert n == 6
+    assert ce.item() == pytest.approx(ref_ce.item(), rel=1e-5)
+    assert con.item() == pytest.approx(6 * ref_con.item(), rel=1e-4)
+    for o in outs:
+        assert log[f"ncorrect_exit{o.layer}"].item() == (o.logits.argmax(1) == y).sum().item()
+        assert log[f"loss_exit{o.layer}"].item() == pytest.approx(
+            F.cross_entropy(o.logits, y, reduction="sum").item(), rel=1e-5
+        )
+
+
+def test_acl_cross_layer_teacher_gets_no_cross_layer_gradient(data_dir):
+    _, model, crit = build(
+        data_dir, ["--criterion", "acl_cross_layer", "--contrastive-lambda", "0"]
+    )
+    model.train()
+    _, con, _, _ = crit.loss_terms(model, sample())
+    con.backward()
+    final = model.classification_heads["sentence_classification_head"]
+    shallow = model.classification_heads["sentence_classification_head_exit1"]
+    assert (
+        final.out_proj.weight.grad is None or torch.count_nonzero(final.out_proj.weight.grad) == 0
+    )
+    assert torch.count_nonzero(shallow.out_proj.weight.grad) > 0
+
+
+def test_multi_exit_ce_is_weighted_ce(data_dir):
+    _, model, crit = build(data_dir, ["--criterion", "multi_exit_ce"])
+    model.eval()
+    s = sample()
+    loss, n, log = crit(model, s)
+    outs = model.exit_outputs(s["net_input"]["src_tokens"])
+    ref = sum(o.layer * F.cross_entropy(o.logits, s["target"], reduction="sum") for o in outs) / 6
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert log["contrastive_loss"].item() == 0.0
+    assert getattr(crit, "grad_align_threshold", None) is None  # fairseq's own train_step
+
+
+@pytest.mark.parametrize("name", ["acl_embed", "ce_scl"])
+def test_single_exit_criterions_against_reference(data_dir, name):
+    lam, tau = 0.3, 0.2
+    _, model, crit = build(
+        data_dir,
+        ["--criterion", name, "--contrastive-lambda", str(lam), "--temperature", str(tau)],
+        arch="roberta",
+    )
+    model.eval()
+    s = sample()
+    ce, con, n, _ = crit.loss_terms(model, s)
+    head = model.classification_heads["sentence_classification_head"]
+    x, _ = model(**s["net_input"], features_only=True)
+    h = torch.tanh(head.dense(x[:, 0, :]))  # RobertaClassificationHead, dropout off
+    logits = head.out_proj(h)
+    y = s["target"]
+    assert ce.item() == pytest.approx(F.cross_entropy(logits, y, reduction="sum").item(), rel=1e-5)
+    if name == "acl_embed":
+        ref = naive_with_labels(h, head.out_proj.weight, y, tau)
+    else:
+        ref = naive_supcon(list(h), y.tolist(), tau)
+    assert con.item() == pytest.approx(lam * 6 * ref.item(), rel=1e-4)
+
+
+def test_freeze_backbone_leaves_only_shallow_exits_trainable(data_dir):
+    _, model, _ = build(data_dir, ["--criterion", "multi_exit_ce", "--freeze-backbone"])
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("_exit" in n for n in trainable)
+    assert {n.split(".")[1] for n in trainable} == {
+        "sentence_classification_head_exit1",
+        "sentence_classification_head_exit2",
+    }
+
+
+def test_cross_layer_on_a_model_without_exits_is_a_clear_error(data_dir):
+    _, model, crit = build(data_dir, ["--criterion", "acl_cross_layer"], arch="roberta")
+    with pytest.raises(ValueError, match="needs a multi-exit model"):
+        crit.loss_terms(model, sample())
+
+
+def test_num_classes_mismatch_is_a_clear_error(data_dir):
+    task, _, _ = build(data_dir, ["--criterion", "multi_exit_ce"])
+    with pytest.raises(ValueError, match="--num-classes 2 does not match .* lists 3 labels"):
+        check_num_classes(2, task.label_dictionary, str(data_dir))
