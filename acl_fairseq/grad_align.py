@@ -47,18 +47,20 @@ class Decision:
 
 
 def _dot_products(a: Sequence[Tensor], b: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """Returns <a,a>, <b,b>, <a,b> in float64 over two equally long lists of tensors."""
+    """Returns <a,a>, <b,b>, <a,b> over two equally long lists of same-shaped tensors.
+
+    Each tensor's dot product runs in (at least) float32 without copying; the sums over
+    tensors are accumulated in float64.
+    """
     device = a[0].device if len(a) else torch.device("cpu")
-    aa = torch.zeros((), dtype=torch.float64, device=device)
-    bb = torch.zeros_like(aa)
-    ab = torch.zeros_like(aa)
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
     for x, y in zip(a, b, strict=True):
-        x64 = x.detach().reshape(-1).double()
-        y64 = y.detach().reshape(-1).double()
-        aa += x64 @ x64
-        bb += y64 @ y64
-        ab += x64 @ y64
-    return aa, bb, ab
+        x = x.detach().reshape(-1)
+        y = y.detach().reshape(-1)
+        if x.dtype not in (torch.float32, torch.float64):
+            x, y = x.float(), y.float()
+        sums += torch.stack([x @ x, y @ y, x @ y]).double()
+    return sums[0], sums[1], sums[2]
 
 
 def gradient_angle(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
