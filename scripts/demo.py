@@ -155,6 +155,7 @@ def run_logged(cmd: list[str], log_file: Path) -> None:
         )
         for line in proc.stdout:
             f.write(line)
+            f.flush()
             if "| train_inner |" in line or "| valid |" in line or "Error" in line:
                 print("   " + line.split("| INFO | ")[-1].rstrip()[:200], flush=True)
         if proc.wait() != 0:
