@@ -1,0 +1,69 @@
+"""Two-stage multi-exit training through the real CLIs, per-exit validation, early exit."""
+
+import pytest
+import torch
+
+from fairseq_helpers import fairseq_train, fairseq_validate, json_records
+
+TINY = [
+    "--encoder-layers", "3", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "2", "--max-positions", "64",
+]  # fmt: skip
+COMMON = [
+    "--task", "acl_sentence_prediction", "--batch-size", "16", "--optimizer", "adam",
+    "--lr", "1e-3", "--no-epoch-checkpoints", "--best-checkpoint-metric", "accuracy",
+    "--maximize-best-checkpoint-metric", "--seed", "2", "--exit-pooling", "mean",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_stage_acl_then_acl_cl(sentiment_data, tmp_path):
+    stage1, stage2 = tmp_path / "stage1", tmp_path / "stage2"
+    fairseq_train(
+        sentiment_data, stage1, "--arch", "multi_exit_roberta", *TINY, "--exit-layers", "none",
+        "--criterion", "acl_embed", "--max-epoch", "3", *COMMON,
+    )  # fmt: skip
+    out = fairseq_train(
+        sentiment_data, stage2, "--arch", "multi_exit_roberta", *TINY,
+        "--criterion", "acl_cross_layer", "--max-epoch", "3", *COMMON,
+        "--restore-file", str(stage1 / "checkpoint_best.pt"),
+        "--reset-optimizer", "--reset-dataloader", "--reset-meters",
+    )  # fmt: skip
+    assert "Loaded checkpoint" in out
+    valid = [r for r in json_records(out) if "valid_accuracy_exit1" in r]
+    train = [r for r in json_records(out) if "train_accuracy_exit1" in r]
+    assert valid and train
+    assert {"train_acl_grad_angle", "train_acl_grad_drop"} <= set(train[-1])
+    # the layer-score curve is in the training log; exits learn (chance is 50%)
+    last = valid[-1]
+    for layer in (1, 2, 3):
+        assert f"valid_accuracy_exit{layer}" in last
+        assert float(last[f"valid_accuracy_exit{layer}"]) > 60.0
+    assert last["valid_accuracy"] == last["valid_accuracy_exit3"]  # `accuracy` = final exit
+
+    # fairseq-validate reports every exit of the checkpoint in one pass, identically
+    vout = fairseq_validate(
+        sentiment_data, stage2 / "checkpoint_last.pt", "--task", "acl_sentence_prediction",
+        "--criterion", "multi_exit_ce", "--batch-size", "16",
+    )  # fmt: skip
+    (rec,) = [r for r in json_records(vout) if "valid_accuracy_exit1" in r]
+    for layer in (1, 2, 3):
+        key = f"valid_accuracy_exit{layer}"
+        assert float(rec[key]) == pytest.approx(float(last[key]))
+
+    # the hub interface loads every exit and early exit agrees with the full forward
+    from acl_fairseq.models import MultiExitRobertaModel
+
+    hub = MultiExitRobertaModel.from_pretrained(
+        str(stage2), "checkpoint_last.pt", data_name_or_path=str(sentiment_data), bpe=None
+    )
+    ds = hub.task.load_dataset("valid")
+    tokens = ds[0]["net_input.src_tokens"]
+    full = hub.exit_logits("sentence_classification_head", tokens)
+    assert sorted(full) == [1, 2, 3]
+    never = hub.predict_early_exit("sentence_classification_head", tokens, "maxprob:1.0")
+    assert never.exit_layers.tolist() == [3]
+    assert torch.allclose(never.logits, full[3], atol=1e-5)
+    always = hub.predict_early_exit("sentence_classification_head", tokens, "maxprob:0.0")
+    assert always.exit_layers.tolist() == [1]
+    assert torch.allclose(always.logits, full[1], atol=1e-5)
