@@ -383,14 +383,14 @@ class MultiExitRobertaModel(RobertaModel):
         bsz, device = src_tokens.size(0), src_tokens.device
 
         padding_mask = self._padding_mask(src_tokens)  # B x T
-        has_pads = padding_mask.any()
+        has_pads = bool(padding_mask.any())  # one host sync here, not one per layer
         x, _ = encoder.forward_embedding(src_tokens)  # B x T x C
-        x = x * (1 - padding_mask.unsqueeze(-1).type_as(x) * has_pads.type_as(x))
+        if has_pads:  # the encoder multiplies by 1 when there is no padding: skip that
+            x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
         x = x.transpose(0, 1)  # T x B x C
 
         rows = torch.arange(bsz, device=device)  # original index of each running row
         state = policy.init_state(bsz, device)
-        predictions = torch.zeros(bsz, dtype=torch.long, device=device)
         exit_layers = torch.zeros(bsz, dtype=torch.long, device=device)
         all_logits: Tensor | None = None
 
@@ -401,29 +401,31 @@ class MultiExitRobertaModel(RobertaModel):
                 continue
             hidden = self._exit_hidden(x).transpose(0, 1)  # B' x T x C
             logits = heads[layer_idx](hidden, padding_mask=padding_mask)  # B' x K
-            if layer_idx == self.num_layers:
-                exit_mask = torch.ones(rows.size(0), dtype=torch.bool, device=device)
-            else:
-                exit_mask, state = policy.decide(logits, state)
             if all_logits is None:
                 all_logits = logits.new_zeros(bsz, logits.size(-1))
+            if layer_idx == self.num_layers:  # every running row exits at the last layer
+                all_logits[rows] = logits
+                exit_layers[rows] = layer_idx
+                break
+            exit_mask, state = policy.decide(logits, state)
+            keep = (~exit_mask).nonzero().squeeze(1)
+            if keep.numel() == rows.size(0):  # nobody leaves here
+                continue
             leaving = rows[exit_mask]
             all_logits[leaving] = logits[exit_mask]
-            predictions[leaving] = logits[exit_mask].argmax(dim=-1)
             exit_layers[leaving] = layer_idx
-
-            keep = (~exit_mask).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
-            if keep.numel() < rows.size(0):
-                rows = rows.index_select(0, keep)
-                x = x.index_select(1, keep)
-                padding_mask = padding_mask.index_select(0, keep)
-                state = {k: v.index_select(0, keep) for k, v in state.items()}
+            rows = rows.index_select(0, keep)
+            x = x.index_select(1, keep)
+            padding_mask = padding_mask.index_select(0, keep)
+            state = {k: v.index_select(0, keep) for k, v in state.items()}
+            if has_pads:
                 x, padding_mask = _trim_trailing_padding(x, padding_mask)
-                has_pads = padding_mask.any()
+                has_pads = bool(padding_mask.any())
 
         assert all_logits is not None  # the last layer always has an exit
+        predictions = all_logits.argmax(dim=-1)  # the stored logits: same argmax as at the exit
         return EarlyExitResult(predictions, exit_layers, all_logits)
 
     # ------------------------------------------------------- checkpoint upgrade

@@ -1,0 +1,266 @@
+"""``scripts/early_exit_sweep.py``: table maths on a fake model, and end to end on a checkpoint
+trained by ``fairseq-train``."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from acl_fairseq.exit_policies import ExitPolicy
+from acl_fairseq.models.multi_exit_roberta import EarlyExitResult
+
+from fairseq_helpers import REPO, fairseq_train, run
+
+HEAD = "sentence_classification_head"
+
+
+def _load_sweep() -> ModuleType:
+    name = "early_exit_sweep"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "early_exit_sweep.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+ees = _load_sweep()
+
+
+# ----------------------------------------------------------------------------- fake model
+
+
+class FakeMultiExit(torch.nn.Module):
+    """4 layers, exits at 1, 2, 3 (+ final 4); one "layer" costs ``LAYER_S`` per full batch.
+
+    Row ``i`` of ``tokens`` is ``(e, label)``: its exits are uniform (prediction 0) before layer
+    ``e`` and confident in ``label`` from layer ``e`` on. The cost of a layer is proportional to
+    the rows still running, as in a batched forward.
+    """
+
+    LAYER_S = 0.002
+    num_layers = 4
+    shallow_exit_layers = (1, 2, 3)
+
+    def _logits(self, tokens: torch.Tensor, layer: int) -> torch.Tensor:
+        confident = tokens[:, 0] <= layer
+        logits = torch.zeros(tokens.size(0), 2)
+        logits[confident, tokens[confident, 1]] = 20.0
+        return logits
+
+    def forward(self, tokens: torch.Tensor, classification_head_name: str = HEAD):
+        time.sleep(self.LAYER_S * self.num_layers)
+        return self._logits(tokens, self.num_layers), {}
+
+    def early_exit(
+        self, tokens: torch.Tensor, policy: ExitPolicy, classification_head_name: str = HEAD
+    ) -> EarlyExitResult:
+        bsz = tokens.size(0)
+        state = policy.init_state(bsz)
+        exit_layers = torch.zeros(bsz, dtype=torch.long)
+        logits = torch.zeros(bsz, 2)
+        for layer in range(1, self.num_layers + 1):
+            running = exit_layers.eq(0)
+            time.sleep(self.LAYER_S * float(running.float().mean()))
+            layer_logits = self._logits(tokens, layer)
+            if layer == self.num_layers:
+                leave = running
+            else:
+                decided, state = policy.decide(layer_logits, state)
+                leave = decided & running
+            exit_layers[leave] = layer
+            logits[leave] = layer_logits[leave]
+            if not exit_layers.eq(0).any():
+                break
+        return EarlyExitResult(logits.argmax(-1), exit_layers, logits)
+
+
+def _fake_batches() -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    exit_at = torch.randint(1, 5, (24,), generator=gen)
+    label = torch.randint(0, 2, (24,), generator=gen)
+    target = torch.where(torch.rand(24, generator=gen) < 0.8, label, 1 - label)
+    tokens = torch.stack([exit_at, label], dim=1)
+    batches = [(tokens[i : i + 8], target[i : i + 8]) for i in range(0, 24, 8)]
+    return batches, torch.stack([exit_at, label, target], dim=1)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: a second OpenMP thread only adds wake-up latency on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_sweep_table_maths_on_fake_model(tmp_path: Path, one_thread) -> None:
+    batches, rows = _fake_batches()
+    exit_at, label, target = rows.unbind(1)
+    table = ees.sweep(FakeMultiExit(), batches, "entropy", [0.0, 0.5, math.inf], repeats=3)
+    assert [r["policy"] for r in table] == ["none", "entropy", "entropy", "entropy"]
+    assert all(r["batch_size"] == 8 and r["examples"] == 24 for r in table)
+    full, never, half, always = table
+    final_acc = 100.0 * float(label.eq(target).float().mean())
+    assert full["accuracy"] == pytest.approx(final_acc)
+    assert full["mean_exit_layer"] == 4 and full["wall_speedup"] == 1.0
+    # threshold 0 never exits early: the full model
+    assert never["mean_exit_layer"] == 4 and never["accuracy"] == pytest.approx(final_acc)
+    assert never["exit_share"] == {4: 1.0}
+    # 0.5 < ln 2: rows leave at the first confident exit, with the final exit's prediction
+    assert half["mean_exit_layer"] == pytest.approx(float(exit_at.float().mean()))
+    assert half["accuracy"] == pytest.approx(final_acc)
+    assert half["layer_speedup"] == pytest.approx(4 / float(exit_at.float().mean()))
+    share = {int(layer): int(n) / 24 for layer, n in zip(*exit_at.unique(return_counts=True))}
+    assert half["exit_share"] == pytest.approx(share)
+    # inf: everyone leaves at layer 1; unconfident rows predict 0 there
+    first_pred = torch.where(exit_at.eq(1), label, torch.zeros_like(label))
+    assert always["mean_exit_layer"] == 1 and always["layer_speedup"] == 4
+    assert always["accuracy"] == pytest.approx(100.0 * float(first_pred.eq(target).float().mean()))
+    for row in table[1:]:
+        assert row["fraction_of_ideal"] == pytest.approx(row["wall_speedup"] / row["layer_speedup"])
+        # the fake's cost is proportional to the layers run: measured ~ ideal
+        assert 0.6 < row["fraction_of_ideal"] < 1.4, row
+        assert row["early_ms"] == pytest.approx(row["full_ms"] / row["wall_speedup"], rel=0.5)
+
+    tsv, csv_path = tmp_path / "t.tsv", tmp_path / "sub" / "t.csv"
+    ees.write_table(table, tsv)
+    ees.write_table(table, csv_path)
+    with open(tsv) as f:
+        written = list(csv.DictReader(f, delimiter="\t"))
+    with open(csv_path) as f:
+        assert list(csv.DictReader(f)) == written
+    assert list(written[0]) == list(ees.COLUMNS) and len(written) == 4
+    assert written[0]["threshold"] == "" and written[3]["threshold"] == "inf"
+    assert float(written[2]["layer_speedup"]) == pytest.approx(half["layer_speedup"], rel=1e-5)
+    markdown = ees.format_markdown(table).splitlines()
+    assert len(markdown) == 2 + 4 and markdown[0].startswith("| batch | policy | threshold |")
+
+
+def test_default_thresholds_and_policies() -> None:
+    entropy = ees.default_thresholds("entropy", 2, 3)
+    assert (
+        len(entropy) == 11
+        and entropy[0] == 0
+        and entropy[-1] == pytest.approx(math.log(2), abs=1e-4)
+    )
+    maxprob = ees.default_thresholds("maxprob", 2, 3)
+    assert maxprob[0] == 1.0 and maxprob[-1] == 0.5 and len(maxprob) == 11
+    assert ees.default_thresholds("maxprob", 4, 3)[-1] == 0.25
+    assert ees.default_thresholds("patience", 2, 5) == [5, 4, 3, 2, 1, 0]
+    assert ees.make_policy("patience", 2.0).patience == 2
+    with pytest.raises(ValueError, match="integer"):
+        ees.make_policy("patience", 1.5)
+    with pytest.raises(ValueError, match="unknown"):
+        ees.default_thresholds("oracle", 2, 3)
+
+
+def test_simulate_exits() -> None:
+    confident, unsure = [0.0, 9.0], [0.0, 0.1]
+    logits = [
+        (1, torch.tensor([confident, unsure, unsure])),
+        (3, torch.tensor([unsure, [9.0, 0.0], unsure])),
+        (6, torch.tensor([unsure, unsure, [0.0, 0.2]])),
+    ]
+    layers, preds = ees.simulate_exits(logits, ees.make_policy("entropy", 0.3))
+    assert layers.tolist() == [1, 3, 6] and preds.tolist() == [1, 0, 1]
+    layers, _ = ees.simulate_exits(logits, ees.make_policy("entropy", 0.0))
+    assert layers.tolist() == [6, 6, 6]
+    layers, preds = ees.simulate_exits(logits, ees.make_policy("patience", 1))
+    assert layers.tolist() == [3, 6, 3] and preds.tolist() == [1, 1, 1]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+TRAIN = [
+    "--arch", "multi_exit_roberta_tiny", "--max-positions", "64",
+    "--criterion", "multi_exit_ce", "--task", "acl_sentence_prediction",
+    "--batch-size", "16", "--optimizer", "adam", "--lr", "1e-3", "--max-update", "24",
+    "--no-epoch-checkpoints", "--seed", "1",
+]  # fmt: skip
+
+
+def _read(path: Path, delimiter: str = "\t") -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f, delimiter=delimiter))
+
+
+@pytest.mark.slow
+def test_sweep_on_trained_checkpoint(
+    sentiment_data: Path, tmp_path: Path, capsys, one_thread
+) -> None:
+    fairseq_train(sentiment_data, tmp_path / "ckpt", *TRAIN)
+    ckpt = tmp_path / "ckpt" / "checkpoint_last.pt"
+
+    # the command line (own process, 1 thread): entropy, two batch sizes, TSV
+    out = run(
+        [
+            sys.executable, str(REPO / "scripts" / "early_exit_sweep.py"),
+            "--checkpoint", str(ckpt), "--data", str(sentiment_data),
+            "--policy", "entropy", "--thresholds", "0,0.3,inf",
+            "--batch-sizes", "1,16", "--max-examples", "40", "--repeats", "1", "--cpu",
+            "--out", str(tmp_path / "sweep.tsv"),
+        ]
+    )  # fmt: skip
+    assert "| exit layer | 1 | 2 | 3 | 4 |" in out and "| batch | policy | threshold |" in out
+    rows = _read(tmp_path / "sweep.tsv")
+    assert [(r["batch_size"], r["policy"], r["threshold"]) for r in rows] == [
+        (b, p, t)
+        for b in ("1", "16")
+        for p, t in [("none", ""), ("entropy", "0"), ("entropy", "0.3"), ("entropy", "inf")]
+    ]
+    assert {r["examples"] for r in rows} == {"40"}
+    for b in ("1", "16"):
+        full, never, _, always = (r for r in rows if r["batch_size"] == b)
+        assert float(never["mean_exit_layer"]) == 4.0
+        assert never["accuracy"] == full["accuracy"]
+        assert float(always["mean_exit_layer"]) == 1.0
+        for r in (never, always):
+            ideal = 4.0 / float(r["mean_exit_layer"])
+            assert float(r["layer_speedup"]) == pytest.approx(ideal)
+            frac = float(r["wall_speedup"]) / ideal
+            assert float(r["fraction_of_ideal"]) == pytest.approx(frac, rel=1e-4)
+            assert float(r["wall_speedup"]) > 0
+    # the same examples in the same order for every batch size
+    assert rows[0]["accuracy"] == rows[4]["accuracy"]
+
+    # in process (importable main): patience, CSV; patience 3 = never, 0 = first exit
+    assert ees.main(
+        [
+            str(ckpt), str(sentiment_data), "--policy", "patience", "--thresholds", "3,0",
+            "--batch-sizes", "8", "--max-examples", "40", "--repeats", "1", "--cpu",
+            "--out", str(tmp_path / "patience.csv"),
+        ]
+    ) == 0  # fmt: skip
+    assert "| batch | policy | threshold |" in capsys.readouterr().out
+    full, never, first = _read(tmp_path / "patience.csv", ",")
+    assert float(never["mean_exit_layer"]) == 4.0 and never["accuracy"] == full["accuracy"]
+    assert float(first["mean_exit_layer"]) == 1.0 and float(first["layer_speedup"]) == 4.0
+
+    # the first exit's accuracy is the layer-score curve's layer 1
+    model, task = ees.load_checkpoint(ckpt, sentiment_data)
+    batches = ees.load_batches(task, "valid", 8, 40)
+    assert sum(t.numel() for _, t in batches) == 40
+    scores = ees.layer_scores(model, batches)
+    assert list(scores) == [1, 2, 3, 4]
+    assert float(first["accuracy"]) == pytest.approx(scores[1], abs=1e-3)
+    assert float(full["accuracy"]) == pytest.approx(scores[4], abs=1e-3)
+    # simulating a policy on one exit_outputs pass gives early_exit's exits
+    for tokens, _ in batches:
+        logits = [(o.layer, o.logits) for o in model.exit_outputs(tokens)]
+        for kind, threshold in [("entropy", 0.68), ("maxprob", 0.55), ("patience", 1)]:
+            policy = ees.make_policy(kind, threshold)
+            result = model.early_exit(tokens, policy)
+            layers, preds = ees.simulate_exits(logits, policy)
+            assert torch.equal(layers, result.exit_layers), (kind, layers, result.exit_layers)
+            assert torch.equal(preds, result.predictions), kind
