@@ -101,7 +101,7 @@ def convert_model(hf_dir: Path, work: Path) -> Path:
 def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int) -> Path:
     """Polarity = sign of the score; zero-score sentences are left out. TSVs text<TAB>label."""
     step("3/6 split, tokenize (WordPiece) and binarize the sentences")
-    raw = work / "raw"
+    raw = work / "raw" / f"{n_train}-{n_dev}-{n_test}"
     raw.mkdir(parents=True, exist_ok=True)
     rows = []
     for line in snippets.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -127,14 +127,15 @@ def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int
 
 
 def prepare(raw: Path, model_dir: Path, work: Path) -> Path:
-    data = work / "data" / "rt-bin"
+    name = f"rt-{raw.name}"  # one binarized copy per split sizes
+    data = work / "data" / f"{name}-bin"
     if (data / "label" / "dict.txt").exists():
         return data
     import prepare_glue
 
     code = prepare_glue.main(
         [
-            "--task", "custom", "--name", "rt", "--out-dir", str(work / "data"),
+            "--task", "custom", "--name", name, "--out-dir", str(work / "data"),
             "--train", str(raw / "train.tsv"), "--valid", str(raw / "dev.tsv"),
             "--test", str(raw / "test.tsv"), "--text-columns", "1", "--label-column", "2",
             "--tokenizer", "wordpiece", "--vocab", str(model_dir / "tokenizer.json"),
@@ -221,14 +222,14 @@ def evaluate(data: Path, checkpoint: Path, criterion: str, subset: str = "test")
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--work-dir", default=str(REPO / "demo_work"))
-    p.add_argument("--train", type=int, default=2400, help="training sentences")
-    p.add_argument("--dev", type=int, default=800, help="dev sentences (checkpoint choice)")
+    p.add_argument("--train", type=int, default=1600, help="training sentences")
+    p.add_argument("--dev", type=int, default=600, help="dev sentences (checkpoint choice)")
     p.add_argument("--test", type=int, default=2000, help="held-out test sentences (report)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--epochs", type=int, default=1, help="epochs of each stage")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--sweep-examples", type=int, default=300,
+    p.add_argument("--sweep-examples", type=int, default=200,
                    help="test sentences timed in the early-exit sweep")  # fmt: skip
     p.add_argument("--force", action="store_true", help="train again even if checkpoints exist")
     args = p.parse_args(argv)
@@ -245,7 +246,9 @@ def main(argv=None) -> None:
     restore = model_dir / "model.pt"
 
     step("4/6 fine-tune: CE baseline, ACL (stage 1), ACL-CL exits (stage 2)")
-    runs = work / "runs"
+    settings = f"seed{args.seed}-lr{args.lr}-bs{args.batch_size}-ep{args.epochs}"
+    tag = f"{data.name[: -len('-bin')]}-{settings}"
+    runs = work / "runs" / tag
     print("-- CE (fairseq sentence_prediction), final exit only")
     ce = train(
         data,
@@ -277,7 +280,7 @@ def main(argv=None) -> None:
     cl_test = evaluate(data, acl_cl, "acl_cross_layer")
     layers = sorted(int(k.split("exit")[1]) for k in cl_test if k.startswith("accuracy_exit"))
     lines = [
-        f"test split: {args.test} sentences (Rotten Tomatoes snippets), MiniLM-L6, seed {args.seed}",
+        f"test split: {args.test} Rotten Tomatoes sentences, MiniLM-L6, seed {args.seed}",
         "",
         "| model | " + " | ".join(f"exit {layer}" for layer in layers) + " |",
         "|---|" + "---|" * len(layers),
@@ -296,6 +299,7 @@ def main(argv=None) -> None:
             sys.executable, str(SCRIPTS / "early_exit_sweep.py"), "--checkpoint", str(acl_cl),
             "--data", str(data), "--split", "test", "--policy", "entropy",
             "--batch-sizes", "1,32", "--max-examples", str(args.sweep_examples),
+            "--thresholds", "0.05,0.1,0.2,0.3,0.45,0.6", "--repeats", "1",
             "--out", str(sweep_out), "--cpu",
         ],
         capture_output=True, text=True,
