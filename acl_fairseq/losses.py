@@ -49,7 +49,9 @@ def supcon_loss(vectors: Tensor, labels: Tensor, temperature: float) -> Tensor:
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     z = F.normalize(vectors.float(), dim=-1)
-    logits = (z @ z.t()) / temperature  # A x A
+    # autocast would run the matmul in fp16/bf16 (e.g. CPU bf16 autocast): keep float32
+    with torch.autocast(device_type=z.device.type, enabled=False):
+        logits = (z @ z.t()) / temperature  # A x A
     n = z.size(0)
     self_mask = torch.eye(n, dtype=torch.bool, device=z.device)
     logits = logits.masked_fill(self_mask, float("-inf"))

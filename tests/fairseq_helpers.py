@@ -90,8 +90,9 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
     return out
 
 
-def fairseq_train(data: Path, save_dir: Path, *args: str, env: dict | None = None) -> str:
-    cmd = [
+def train_command(data: Path, save_dir: Path, *args: str) -> list[str]:
+    """The ``fairseq-train`` command line of :func:`fairseq_train`."""
+    return [
         str(BIN / "fairseq-train"),
         str(data),
         "--user-dir",
@@ -111,7 +112,28 @@ def fairseq_train(data: Path, save_dir: Path, *args: str, env: dict | None = Non
         "2",
         *args,
     ]
-    return run(cmd, env=env)
+
+
+def fairseq_train(data: Path, save_dir: Path, *args: str, env: dict | None = None) -> str:
+    return run(train_command(data, save_dir, *args), env=env)
+
+
+LAUNCHER = REPO / "scripts" / "launch_cpu_workers.sh"
+
+
+def fairseq_train_workers(
+    n: int, data: Path, save_dir: Path, *args: str, env: dict | None = None
+) -> str:
+    """``fairseq-train`` on ``n`` CPU worker processes (scripts/launch_cpu_workers.sh); the
+    output has every line prefixed with ``[rank R] `` (see :func:`rank_output`)."""
+    env = {"PYTHON": sys.executable, **(env or {})}
+    return run(["bash", str(LAUNCHER), str(n), "--", *train_command(data, save_dir, *args)], env)
+
+
+def rank_output(output: str, rank: int) -> str:
+    """The lines one rank printed under scripts/launch_cpu_workers.sh, prefix removed."""
+    prefix = f"[rank {rank}] "
+    return "\n".join(line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix))
 
 
 def fairseq_validate(data: Path, checkpoint: Path, *args: str) -> str:

@@ -20,10 +20,19 @@ the real backward; ``autograd.grad`` does not fire them, which is why the buffer
 all-reduce. The buffer is dropped whenever the trainer zeroes the gradients.
 
 A criterion without separate terms, or with ACL-Grad off, runs fairseq's own ``train_step``.
+
+The task also checks its input where fairseq would fail late or not at all: ``--num-classes``
+against ``label/dict.txt``; each split's files (a missing ``label/`` split, ``input1/`` missing
+for one split of a pair task, different example counts, empty or multi-token label lines);
+examples longer than ``--max-positions`` without ``--shorten-method`` (fairseq would drop them
+from training and stop at validation); and a checkpoint of another vocabulary or architecture
+(``--restore-file``), each with a message that names the flag or file and the fix; the
+checks themselves live in ``acl_fairseq.input_checks``.
 """
 
 import contextlib
 import logging
+import types
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -35,6 +44,13 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 
 from ..grad_align import ContrastiveGradientBuffer, Decision, decide
+from ..input_checks import (
+    check_dictionaries,
+    check_lengths,
+    check_num_classes,
+    check_split_files,
+    load_state_dict_checked,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +61,8 @@ class AclSentencePredictionConfig(SentencePredictionConfig):
         default=None,
         metadata={
             "help": "append one line per update (update, angle in degrees, kept 0/1) to this "
-            "TSV file (rank 0 only), e.g. for the angle histogram"
+            "TSV file (rank 0 only), e.g. for the angle histogram; a '{rank}' in the path "
+            "writes one file per data-parallel worker instead"
         },
     )
 
@@ -158,36 +175,45 @@ class AclSentencePredictionTask(SentencePredictionTask):
         metrics.log_scalar("acl_grad_angle", decision.angle, weight=1, round=1)
         metrics.log_scalar("acl_grad_drop", 0.0 if decision.keep else 1.0, weight=1, round=3)
         path = self.cfg.acl_grad_log
-        if path and _is_first_worker():
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(f"{self._update_num}\t{decision.angle:.4f}\t{int(decision.keep)}\n")
+        if not path:
+            return
+        if "{rank}" in path:
+            path = path.replace("{rank}", str(_data_parallel_rank()))
+        elif not _is_first_worker():
+            return
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{self._update_num}\t{decision.angle:.4f}\t{int(decision.keep)}\n")
 
     # ------------------------------------------------------------------ set-up checks
     @classmethod
     def setup_task(cls, cfg, **kwargs: Any):
+        check_dictionaries(cfg)
         task = super().setup_task(cfg, **kwargs)
         if not cfg.regression_target:
             check_num_classes(cfg.num_classes, task.label_dictionary, cfg.data)
         return task
 
+    def load_dataset(self, split, combine=False, **kwargs):
+        """fairseq's ``load_dataset``, with the data checked at load time (see
+        :func:`check_split_files` and :func:`check_lengths`) rather than failing mid-training."""
+        check_split_files(self.cfg, split, self.source_dictionary, self.label_dictionary, combine)
+        dataset = super().load_dataset(split, combine=combine, **kwargs)
+        check_lengths(self.cfg, split, dataset.sizes)
+        return dataset
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        # explain a checkpoint that does not fit before torch's size-mismatch error; a bound
+        # method, so that copies of the model (EMA) load into themselves
+        model.load_state_dict = types.MethodType(load_state_dict_checked, model)
+        return model
+
+
+def _data_parallel_rank() -> int:
+    if distributed_utils.get_data_parallel_world_size() == 1:
+        return 0
+    return distributed_utils.get_data_parallel_rank()
+
 
 def _is_first_worker() -> bool:
-    if distributed_utils.get_data_parallel_world_size() == 1:
-        return True
-    return distributed_utils.get_data_parallel_rank() == 0
-
-
-def check_num_classes(num_classes: int, label_dictionary, data: str) -> None:
-    """Fails fast when ``--num-classes`` disagrees with ``label/dict.txt``."""
-    d = label_dictionary
-    labels = [
-        d.symbols[i]
-        for i in range(d.nspecial, len(d))
-        if d.count[i] > 0 and d.symbols[i] != "<mask>"
-    ]
-    if len(labels) != num_classes:
-        raise ValueError(
-            f"--num-classes {num_classes} does not match {data}/label/dict.txt, which lists "
-            f"{len(labels)} labels ({', '.join(labels[:10])}{'...' if len(labels) > 10 else ''}); "
-            f"pass --num-classes {len(labels)}"
-        )
+    return _data_parallel_rank() == 0

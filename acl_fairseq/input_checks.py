@@ -1,0 +1,235 @@
+"""Checks of the data and of checkpoints that fail fast with a message naming the fix.
+
+Used by ``--task acl_sentence_prediction`` at set-up and load time, so that a wrong flag or a
+broken data folder fails before training starts rather than hours into it.
+"""
+
+import logging
+import os
+import re
+
+import numpy as np
+import torch
+from fairseq.data import data_utils
+
+logger = logging.getLogger(__name__)
+
+
+def check_num_classes(num_classes: int, label_dictionary, data: str) -> None:
+    """Fails fast when ``--num-classes`` disagrees with ``label/dict.txt``."""
+    d = label_dictionary
+    labels = [
+        d.symbols[i]
+        for i in range(d.nspecial, len(d))
+        if d.count[i] > 0 and d.symbols[i] != "<mask>"
+    ]
+    if len(labels) != num_classes:
+        raise ValueError(
+            f"--num-classes {num_classes} does not match {data}/label/dict.txt, which lists "
+            f"{len(labels)} labels ({', '.join(labels[:10])}{'...' if len(labels) > 10 else ''}); "
+            f"pass --num-classes {len(labels)}"
+        )
+
+
+# ----------------------------------------------------------------------- data checks
+def check_dictionaries(cfg) -> None:
+    """Fails fast, naming the layout, when ``DATA/input0`` or ``DATA/label`` is missing."""
+    layout = (
+        "--task acl_sentence_prediction reads DATA/input0/ (the inputs), DATA/label/ (the "
+        "labels) and, for sentence pairs, DATA/input1/, each binarized with fairseq-preprocess "
+        "--only-source (scripts/prepare_glue.py writes this layout)"
+    )
+    path = os.path.join(cfg.data, "input0", "dict.txt")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: {layout}. Is {cfg.data} the data directory?")
+    path = os.path.join(cfg.data, "label", "dict.txt")
+    if not cfg.regression_target and not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{path} not found: {layout}. Binarize the labels with fairseq-preprocess "
+            f"--only-source --trainpref RAW/train.label --validpref RAW/valid.label --destdir "
+            f"{cfg.data}/label (or pass --regression-target for a regression task)."
+        )
+
+
+def _load_split(data: str, key: str, split: str, dictionary, combine: bool):
+    return data_utils.load_indexed_dataset(
+        os.path.join(data, key, split), dictionary, combine=combine
+    )
+
+
+def _first_lines(mask: np.ndarray) -> str:
+    lines = (np.flatnonzero(mask)[:5] + 1).tolist()
+    return ", ".join(map(str, lines)) + (", ..." if mask.sum() > 5 else "")
+
+
+def check_split_files(cfg, split: str, dictionary, label_dictionary, combine=False) -> None:
+    """Checks one split's binarized files before fairseq builds the dataset.
+
+    Raises when ``input0/SPLIT`` or ``label/SPLIT`` is missing, when ``input1/SPLIT`` is
+    missing although ``input1/`` holds other splits (a pair task whose SPLIT would silently be
+    read as single sentences), when the files disagree on the number of examples, or when a
+    label line is empty or holds several tokens (fairseq would fail on the first batch that
+    contains it). A pair dataset without any ``input1/`` cannot be told from a single-sentence
+    one: fairseq's GLUE recipes pass ``--separator-token`` for single-sentence tasks too, so
+    that case is only logged. Empty *input* lines are valid (e.g. QQP has empty questions):
+    they become ``<s></s>`` and are counted in a warning.
+    """
+    data = cfg.data
+    input0 = _load_split(data, "input0", split, dictionary, combine)
+    if input0 is None:
+        raise FileNotFoundError(
+            f"{data}/input0/{split}.bin/.idx not found: binarize the inputs of split '{split}' "
+            f"into {data}/input0 (fairseq-preprocess --only-source --srcdict "
+            f"{data}/input0/dict.txt), or name the splits with --train-subset / --valid-subset"
+        )
+    input1 = _load_split(data, "input1", split, dictionary, combine)
+    input1_dir = os.path.join(data, "input1")
+    if input1 is None and os.path.isdir(input1_dir):
+        if any(f.endswith(".idx") for f in os.listdir(input1_dir)):
+            raise FileNotFoundError(
+                f"{input1_dir}/{split}.bin/.idx not found, but {input1_dir}/ holds the second "
+                f"sentences of other splits (a sentence-pair task): split '{split}' would be "
+                f"read as single sentences. Binarize its second sentences with fairseq-preprocess "
+                f"--only-source --srcdict {data}/input0/dict.txt --destdir {input1_dir}"
+            )
+    if input1 is None and cfg.separator_token is not None:
+        logger.info(
+            f"--separator-token is set but {input1_dir}/{split} does not exist: split '{split}' "
+            "is read as single sentences (right for single-sentence tasks such as SST-2)"
+        )
+    label = None
+    if not cfg.regression_target:
+        label = _load_split(data, "label", split, label_dictionary, combine)
+        if label is None:
+            raise FileNotFoundError(
+                f"{data}/label/{split}.bin/.idx not found: binarize the labels of split "
+                f"'{split}' into {data}/label (fairseq-preprocess --only-source --srcdict "
+                f"{data}/label/dict.txt --destdir {data}/label)"
+            )
+    counts = {"input0": len(input0)}
+    if input1 is not None:
+        counts["input1"] = len(input1)
+    if label is not None:
+        counts["label"] = len(label)
+    if len(set(counts.values())) > 1:
+        found = ", ".join(f"{n} in {data}/{key}/{split}" for key, n in counts.items())
+        raise ValueError(
+            f"split '{split}' has different numbers of examples: {found}. The raw files must "
+            "have one line per example each; fix them and binarize again"
+        )
+    if label is not None:
+        sizes = np.asarray(label.sizes)  # one label + </s> per line
+        empty, several = sizes < 2, sizes > 2
+        if empty.any() or several.any():
+            problems = []
+            if empty.any():
+                problems.append(f"{empty.sum()} empty (line {_first_lines(empty)})")
+            if several.any():
+                problems.append(
+                    f"{several.sum()} with more than one token (line {_first_lines(several)})"
+                )
+            raise ValueError(
+                f"{data}/label/{split}: {' and '.join(problems)} of {len(sizes)} label lines; "
+                f"every line of the raw {split}.label must hold exactly one label. Fix the raw "
+                "file and binarize it again"
+            )
+    for key, ds in (("input0", input0), ("input1", input1)):
+        if ds is not None:
+            empty = np.asarray(ds.sizes) <= 1  # only </s>
+            if empty.any():
+                logger.warning(
+                    f"split '{split}': {empty.sum()} of {len(empty)} lines of {data}/{key} are "
+                    f"empty (line {_first_lines(empty)}); they are kept as '<s></s>'"
+                )
+
+
+def check_lengths(cfg, split: str, sizes) -> None:
+    """Raises when an example is longer than ``--max-positions`` after any shortening.
+
+    Without ``--shorten-method`` fairseq drops such examples from training with a warning
+    and stops at validation, after a whole epoch; this fails at load time instead.
+    """
+    sizes = np.asarray(sizes[0] if isinstance(sizes, (list, tuple)) else sizes)
+    max_positions = cfg.max_positions
+    too_long = sizes > max_positions
+    if not too_long.any():
+        return
+    method = str(cfg.shorten_method)
+    if method == "none":
+        fix = f"pass --shorten-method truncate to cut them to {max_positions} tokens"
+    else:
+        fix = (
+            f"--shorten-method {method} is not applied to '{split}' (--shorten-data-split-list "
+            f"{cfg.shorten_data_split_list}): add it, or leave the list empty for every split"
+        )
+    raise ValueError(
+        f"split '{split}': {too_long.sum()} of {len(sizes)} examples are longer than "
+        f"--max-positions {max_positions} tokens (the longest has {sizes.max()}, counting <s> "
+        f"and separators); {fix}"
+    )
+
+
+# ----------------------------------------------------------------- checkpoint checks
+_CHECKPOINT = "cannot load the checkpoint (--restore-file, --finetune-from-model or --path)"
+_EMBED = "encoder.sentence_encoder.embed_tokens.weight"
+_LAYER = re.compile(r"encoder\.sentence_encoder\.layers\.(\d+)\.")
+
+
+def load_state_dict_checked(model, state_dict, *args, **kwargs):
+    strict = kwargs.get("strict", args[0] if args else True)
+    data = getattr(getattr(model, "args", None), "data", "DATA")
+    check_checkpoint_fits(state_dict, model.state_dict(), data, strict=strict)
+    return type(model).load_state_dict(model, state_dict, *args, **kwargs)
+
+
+def _num_layers(keys) -> int:
+    found = [int(m.group(1)) for k in keys if (m := _LAYER.match(k))]
+    return max(found) + 1 if found else 0
+
+
+def check_checkpoint_fits(state_dict, model_state, data: str, strict: bool = True) -> None:
+    """Raises a ValueError that names the flag when a RoBERTa-style checkpoint does not fit.
+
+    Only cases torch would reject anyway: a different vocabulary, embedding size, layer count
+    (when loading strictly) or tensor shape. Classification heads are left to RoBERTa's own
+    upgrade, which replaces heads of another size.
+    """
+
+    def body(state):
+        out = {}
+        for k, v in state.items():
+            k = "encoder." + k[len("decoder.") :] if k.startswith("decoder.") else k
+            if torch.is_tensor(v) and not k.startswith("classification_heads."):
+                out[k] = v
+        return out
+
+    ckpt, own = body(state_dict), body(model_state)
+    if _EMBED in ckpt and _EMBED in own and ckpt[_EMBED].shape != own[_EMBED].shape:
+        (cv, cd), (mv, md) = ckpt[_EMBED].shape, own[_EMBED].shape
+        if cd != md:
+            raise ValueError(
+                f"{_CHECKPOINT}: its embeddings have {cd} dimensions, this model's {md} "
+                "(--encoder-embed-dim / --arch must match the checkpoint's)"
+            )
+        raise ValueError(
+            f"{_CHECKPOINT}: its vocabulary has {cv} entries, this model's {mv} (from "
+            f"{data}/input0/dict.txt). The data was binarized with another dictionary than the "
+            "checkpoint's: binarize it again with fairseq-preprocess --srcdict <the "
+            "checkpoint's dict.txt>"
+        )
+    layers_ckpt, layers_own = _num_layers(ckpt), _num_layers(own)
+    if strict and layers_ckpt and layers_own and layers_ckpt != layers_own:
+        raise ValueError(
+            f"{_CHECKPOINT}: it has {layers_ckpt} encoder layers, this model {layers_own} "
+            "(--encoder-layers / --arch must match the checkpoint's)"
+        )
+    for k, v in own.items():
+        if k in ckpt and ckpt[k].shape != v.shape:
+            hint = "--arch and the --encoder-* sizes must match the checkpoint's"
+            if k.endswith("embed_positions.weight"):
+                # learned positions: max_positions + padding_idx + 1 rows
+                hint = f"--max-positions: {ckpt[k].shape[0] - 2} in the checkpoint"
+            raise ValueError(
+                f"{_CHECKPOINT}: {k} is {tuple(ckpt[k].shape)} in the checkpoint but "
+                f"{tuple(v.shape)} in this model ({hint})"
+            )
