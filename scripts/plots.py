@@ -1,0 +1,639 @@
+#!/usr/bin/env python
+"""Pictures of a ``scripts/compare.py`` results folder (a PNG and the CSV behind each).
+
+  (a) angles.png       histogram of the per-update ACL-Grad angle (CE gradient vs contrastive
+                       gradient) over training, ce_scl (threshold 180: measured, never dropped)
+                       vs acl (its real threshold), all seeds pooled; the legend gives the
+                       fraction of updates above 90 degrees. From runs/<method>-seed*/angles.tsv.
+  (b) layer_scores.png test accuracy of every exit, multi_exit_joint vs acl_cl, mean +- std over
+                       seeds (ce / acl final-exit accuracy as reference points when present).
+  (c) early_exit.png   speed/accuracy of early exit: accuracy vs layer-count speed-up (ideal)
+                       and vs measured wall-clock speed-up per batch size, from the tables of
+                       scripts/early_exit_sweep.py (--sweep-tsv [LABEL=]FILE, repeatable; also
+                       every RESULTS/early_exit/*.tsv|csv). Columns read: policy, threshold,
+                       batch_size, accuracy, mean_exit_layer, layer_speedup and wall_speedup
+                       (or wallclock_speedup); TSV, or CSV when the name ends in .csv.
+  (d) tsne.png         t-SNE of the pooled features (the input of the classification head's
+                       out_proj) of the test split with the label embeddings (out_proj rows),
+                       both L2-normalised and embedded together, CE vs ACL (runs ce-seed<k>
+                       and acl-seed<k>; needs --data and their checkpoint_best.pt).
+  (e) lambda.png       test accuracy vs --contrastive-lambda for ce_scl and acl, mean +- std
+                       over seeds, the lambda chosen on dev circled, CE as a reference band.
+
+Usage::
+
+    python scripts/plots.py RESULTS --data DATA [--sweep-tsv joint=sweep_joint.tsv
+        --sweep-tsv acl_cl=sweep_acl_cl.tsv] [--out RESULTS/plots] [--only a,b,d]
+
+Every plot is drawn when its inputs exist and skipped (with the reason) otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging set-up is verbose
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402
+
+ANGLE_METHODS = ("ce_scl", "acl")
+TSNE_METHODS = (("ce", "CE"), ("acl", "ACL (ACL-Embed + ACL-Grad)"))
+COLORS = {
+    "ce": "tab:gray",
+    "ce_scl": "tab:orange",
+    "acl": "tab:blue",
+    "multi_exit_joint": "tab:orange",
+    "acl_cl": "tab:blue",
+}
+
+
+class Skipped(Exception):
+    """A plot whose inputs are missing."""
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(header)
+        for row in rows:
+            writer.writerow([f"{v:.6g}" if isinstance(v, float) else v for v in row])
+
+
+def main_runs(results_dir: Path, method: str) -> list[Path]:
+    """``runs/<method>-seed<k>`` folders (not the lambda sweep), by seed."""
+    pattern = re.compile(rf"{re.escape(method)}-seed(\d+)")
+    found = []
+    for d in (results_dir / "runs").glob(f"{method}-seed*"):
+        m = pattern.fullmatch(d.name)
+        if m and d.is_dir():
+            found.append((int(m.group(1)), d))
+    return [d for _, d in sorted(found)]
+
+
+def _threshold(run_dir: Path) -> float | None:
+    import json
+
+    for name in ("test.json", "run.json"):
+        path = run_dir / name
+        if path.exists():
+            return json.loads(path.read_text(encoding="utf-8")).get("acl_grad_threshold")
+    return None
+
+
+# ----------------------------------------------------------------------------- (a)
+
+
+def plot_angles(results_dir: Path, out_dir: Path, methods: Sequence[str] = ANGLE_METHODS):
+    """(a) Histogram of the per-update gradient angles of ``methods``, all seeds pooled."""
+    series = {}
+    for method in methods:
+        rows, threshold, runs = [], None, []
+        for run_dir in main_runs(results_dir, method):
+            angles = compare.read_angles(run_dir / "angles.tsv")
+            if angles:
+                rows += angles
+                runs.append(run_dir.name)
+                threshold = _threshold(run_dir)
+        if rows:
+            series[method] = (np.array([a for _, a, _ in rows]), rows, threshold, runs)
+    if not series:
+        raise Skipped(
+            f"no angles.tsv in runs/{{{','.join(methods)}}}-seed* (ce_scl needs compare.py "
+            "without --ce-scl-plain)"
+        )
+    bins = np.linspace(0.0, 180.0, 37)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    table_rows = [[lo, hi] for lo, hi in zip(bins[:-1], bins[1:])]
+    header = ["bin_start_deg", "bin_end_deg"]
+    summary = []
+    for method, (angles, rows, threshold, runs) in series.items():
+        over = float(np.mean(angles > 90.0))
+        dropped = float(np.mean([k == 0 for _, _, k in rows]))
+        thr = "?" if threshold is None else f"{threshold:g}°"
+        note = (
+            "nothing dropped"
+            if threshold is not None and threshold >= 180
+            else (f"{dropped:.0%} dropped")
+        )
+        label = f"{method} (threshold {thr}, {note}): {over:.0%} of {len(angles)} updates > 90°"
+        weights = np.full(len(angles), 1.0 / len(angles))
+        counts, _ = np.histogram(angles, bins=bins)
+        ax.hist(
+            angles,
+            bins=bins,
+            weights=weights,
+            alpha=0.45,
+            color=COLORS.get(method),
+            edgecolor=COLORS.get(method),
+            label=label,
+        )
+        header += [f"{method}_count", f"{method}_fraction"]
+        for row, c in zip(table_rows, counts):
+            row += [int(c), float(c) / len(angles)]
+        summary.append(
+            [method, threshold, len(runs), len(angles), float(angles.mean()), over, dropped]
+        )
+    ax.axvline(90.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xlim(0, 180)
+    ax.set_xticks(range(0, 181, 30))
+    ax.set_xlabel("angle between CE and contrastive gradient (degrees)")
+    ax.set_ylabel("fraction of updates")
+    ax.set_title("ACL-Grad angle per update during training (all seeds)")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    png = out_dir / "angles.png"
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+    write_csv(out_dir / "angles.csv", header, table_rows)
+    write_csv(
+        out_dir / "angles_summary.csv",
+        ["method", "threshold", "runs", "updates", "mean_angle", "frac_over_90", "frac_dropped"],
+        summary,
+    )
+    return [png, out_dir / "angles.csv", out_dir / "angles_summary.csv"]
+
+
+# ----------------------------------------------------------------------------- (b)
+
+
+def plot_layer_scores(results_dir: Path, out_dir: Path):
+    """(b) Test accuracy per exit, multi_exit_joint vs acl_cl, mean +- std over seeds."""
+    results = compare.main_results(compare.load_results(results_dir))
+    multi = [r for r in results if r["method"] in compare.MULTI_EXIT_METHODS]
+    layers = compare.exit_layers_of(multi)
+    if not layers:
+        raise Skipped("no finished multi_exit_joint / acl_cl run (test.json with accuracy_exit*)")
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    rows = []
+    for method in compare.MULTI_EXIT_METHODS:
+        runs = [r for r in multi if r["method"] == method]
+        if not runs:
+            continue
+        xs, means, stds = [], [], []
+        for layer in layers:
+            key = f"accuracy_exit{layer}"
+            values = [r["test"][key] for r in runs if key in r["test"]]
+            if not values:
+                continue
+            mean, std, n = compare.summarize(values)
+            xs.append(layer)
+            means.append(mean)
+            stds.append(0.0 if math.isnan(std) else std)
+            rows.append([method, layer, n, mean, std])
+        means_a, stds_a = np.array(means), np.array(stds)
+        color = COLORS.get(method)
+        ax.plot(xs, means_a, marker="o", color=color, label=f"{method} (n={len(runs)} seeds)")
+        ax.fill_between(xs, means_a - stds_a, means_a + stds_a, color=color, alpha=0.2)
+    for offset, method in ((-0.08, "ce"), (0.08, "acl")):
+        runs = [r for r in results if r["method"] == method]
+        if runs:
+            mean, std, n = compare.summarize([r["test"]["accuracy"] for r in runs])
+            ax.errorbar(
+                [layers[-1] + offset],
+                [mean],
+                yerr=[0.0 if math.isnan(std) else std],
+                fmt="s",
+                color=COLORS.get(method) if method == "ce" else "tab:cyan",
+                capsize=3,
+                label=f"{method}, single exit (stage 1)",
+            )
+            rows.append([f"{method} (single exit)", layers[-1], n, mean, std])
+    ax.set_xticks(layers)
+    ax.set_xlabel("exit layer")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Layer-score curve (test, mean ± std over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    png = out_dir / "layer_scores.png"
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+    write_csv(out_dir / "layer_scores.csv", ["method", "layer", "n", "mean", "std"], rows)
+    return [png, out_dir / "layer_scores.csv"]
+
+
+# ----------------------------------------------------------------------------- (c)
+
+SWEEP_COLUMNS = (
+    "policy",
+    "threshold",
+    "batch_size",
+    "accuracy",
+    "mean_exit_layer",
+    "layer_speedup",
+)
+WALL_COLUMNS = ("wall_speedup", "wallclock_speedup")
+EARLY_EXIT_CSV = (
+    "label",
+    "batch_size",
+    "policy",
+    "threshold",
+    "accuracy",
+    "mean_exit_layer",
+    "layer_speedup",
+    "wall_speedup",
+)
+
+
+def read_sweep(path: Path) -> list[dict[str, Any]]:
+    """Rows of an early-exit sweep table (TSV, or CSV when the name ends in .csv)."""
+    delimiter = "," if path.suffix.lower() == ".csv" else "\t"
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, delimiter=delimiter)
+        columns = reader.fieldnames or []
+        missing = [c for c in SWEEP_COLUMNS if c not in columns]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {missing}; it has {columns}")
+        wall = next((c for c in WALL_COLUMNS if c in columns), None)
+        rows = []
+        for raw in reader:
+            rows.append(
+                {
+                    "policy": raw["policy"],
+                    "threshold": raw["threshold"],
+                    "batch_size": int(float(raw["batch_size"])),
+                    "accuracy": float(raw["accuracy"]),
+                    "mean_exit_layer": float(raw["mean_exit_layer"]),
+                    "layer_speedup": float(raw["layer_speedup"]),
+                    "wall_speedup": float(raw[wall]) if wall and raw[wall] else math.nan,
+                }
+            )
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def sweep_files(results_dir: Path, specs: Sequence[str] | None) -> list[tuple[str, Path]]:
+    """``(label, path)`` of ``--sweep-tsv [LABEL=]FILE`` and of RESULTS/early_exit/*."""
+    files = []
+    for spec in specs or ():
+        label, sep, path = spec.partition("=")
+        if not sep:
+            label, path = Path(spec).stem, spec
+        files.append((label, Path(path)))
+    auto = results_dir / "early_exit"
+    if auto.is_dir():
+        for path in sorted(auto.iterdir()):
+            if path.suffix.lower() in (".tsv", ".csv") and path not in [p for _, p in files]:
+                files.append((path.stem, path))
+    return files
+
+
+def plot_early_exit(results_dir: Path, out_dir: Path, specs: Sequence[str] | None = None):
+    """(c) Accuracy vs ideal and measured speed-up of early exit."""
+    files = sweep_files(results_dir, specs)
+    if not files:
+        raise Skipped(
+            "no early-exit table: pass --sweep-tsv [LABEL=]FILE (scripts/early_exit_sweep.py "
+            f"--out FILE) or put them in {results_dir / 'early_exit'}/"
+        )
+    missing = [str(p) for _, p in files if not p.exists()]
+    if missing:
+        raise Skipped(f"not found: {', '.join(missing)}")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    csv_rows = []
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "os^Dv<>p"
+    for i, (label, path) in enumerate(files):
+        rows = read_sweep(path)
+        color = cycle[i % len(cycle)]
+        sizes = sorted({r["batch_size"] for r in rows})
+        # points in the table's order: the full model, then the thresholds as swept. Accuracy
+        # and exit layers do not depend on the batch size: one ideal curve per table.
+        first = [r for r in rows if r["batch_size"] == sizes[0]]
+        left.plot(
+            [r["layer_speedup"] for r in first],
+            [r["accuracy"] for r in first],
+            marker="o",
+            color=color,
+            label=label,
+        )
+        for j, size in enumerate(sizes):
+            part = [
+                r for r in rows if r["batch_size"] == size and not math.isnan(r["wall_speedup"])
+            ]
+            if part:
+                right.plot(
+                    [r["wall_speedup"] for r in part],
+                    [r["accuracy"] for r in part],
+                    marker=markers[j % len(markers)],
+                    color=color,
+                    linestyle="-" if j == 0 else "--",
+                    label=f"{label}, batch {size}",
+                )
+        for r in rows:
+            csv_rows.append([label, *(r[k] for k in EARLY_EXIT_CSV[1:])])
+    for ax, title in (
+        (left, "layer-count speed-up (ideal: layers / mean exit layer)"),
+        (right, "measured wall-clock speed-up"),
+    ):
+        ax.set_xlabel(title)
+        ax.set_ylabel("accuracy (%)")
+        ax.axvline(1.0, color="black", linewidth=0.8, linestyle=":")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Early exit: speed vs accuracy over the policy threshold")
+    fig.tight_layout()
+    png = out_dir / "early_exit.png"
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+    write_csv(out_dir / "early_exit.csv", EARLY_EXIT_CSV, csv_rows)
+    return [png, out_dir / "early_exit.csv"]
+
+
+# ----------------------------------------------------------------------------- (d)
+
+
+def pooled_features(checkpoint: Path, data: Path, split: str = "test", batch_size: int = 64):
+    """``(features N x C, targets N, ids N, label embeddings K x C, label names, predictions)``.
+
+    The pooled feature is the input of the final classification head's ``out_proj``
+    (captured with a forward pre-hook); the label embeddings are ``out_proj.weight``.
+    """
+    import torch
+    from fairseq import checkpoint_utils, utils
+
+    import acl_fairseq  # noqa: F401  (registers the plugin; safe checkpoint loading)
+
+    logging.getLogger("fairseq").setLevel(logging.WARNING)
+
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(data)}
+    )
+    model = models[0].eval()
+    head_name = getattr(task.cfg, "classification_head_name", None)
+    head_name = head_name or "sentence_classification_head"
+    head = model.classification_heads[head_name]
+    task.load_dataset(split)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split),
+        max_sentences=batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=True,
+        seed=1,
+        num_workers=0,
+    ).next_epoch_itr(shuffle=False)
+    captured: list[torch.Tensor] = []
+    handle = head.out_proj.register_forward_pre_hook(
+        lambda _m, args: captured.append(args[0].detach())
+    )
+    feats, targets, ids, preds = [], [], [], []
+    try:
+        with torch.no_grad():
+            for sample in itr:
+                captured.clear()
+                logits, _ = model(
+                    **sample["net_input"], features_only=True, classification_head_name=head_name
+                )
+                feats.append(captured[-1].float())
+                targets.append(sample["target"].view(-1))
+                ids.append(sample["id"])
+                preds.append(logits.argmax(dim=-1))
+    finally:
+        handle.remove()
+    order = torch.cat(ids).argsort()
+    labels = head.out_proj.weight.detach().float()
+    d = task.label_dictionary
+    names = [d[i + d.nspecial] for i in range(labels.size(0))]
+    return (
+        torch.cat(feats)[order].numpy(),
+        torch.cat(targets)[order].numpy(),
+        torch.cat(ids)[order].numpy(),
+        labels.numpy(),
+        names,
+        torch.cat(preds)[order].numpy(),
+    )
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def tsne_embed(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> np.ndarray:
+    """2-D t-SNE of the normalised samples and label embeddings together (samples first)."""
+    from sklearn.manifold import TSNE
+
+    x = np.concatenate([_normalise(features), _normalise(labels)])
+    perplexity = float(min(30.0, max(2.0, (len(x) - 1) / 3.0)))
+    tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed)
+    return tsne.fit_transform(x)
+
+
+def plot_tsne(
+    results_dir: Path,
+    out_dir: Path,
+    data: Path | None,
+    seed: int | None = None,
+    split: str = "test",
+    max_examples: int = 2000,
+):
+    """(d) t-SNE of the test split's pooled features with the label embeddings, CE vs ACL."""
+    if data is None:
+        raise Skipped("needs --data (the binarized dataset the runs were trained on)")
+    seeds = None
+    for method, _ in TSNE_METHODS:
+        have = {
+            int(d.name.rsplit("seed", 1)[1])
+            for d in main_runs(results_dir, method)
+            if (d / "checkpoint_best.pt").exists()
+        }
+        seeds = have if seeds is None else seeds & have
+    if seed is None:
+        if not seeds:
+            raise Skipped("no seed with both runs/ce-seed<k> and runs/acl-seed<k> checkpoints")
+        seed = min(seeds)
+    elif seed not in (seeds or set()):
+        raise Skipped(f"runs/ce-seed{seed} or runs/acl-seed{seed} has no checkpoint_best.pt")
+    fig, axes = plt.subplots(1, len(TSNE_METHODS), figsize=(6 * len(TSNE_METHODS), 5.4))
+    csv_rows = []
+    rng = np.random.default_rng(0)
+    keep = None
+    for ax, (method, title) in zip(np.atleast_1d(axes), TSNE_METHODS):
+        run = f"{method}-seed{seed}"
+        checkpoint = results_dir / "runs" / run / "checkpoint_best.pt"
+        feats, targets, ids, labels, names, preds = pooled_features(checkpoint, data, split)
+        if keep is None:  # the same examples for every model
+            n = len(ids)
+            keep = np.arange(n)
+            if n > max_examples:
+                keep = np.sort(rng.choice(n, size=max_examples, replace=False))
+        feats, targets, ids, preds = feats[keep], targets[keep], ids[keep], preds[keep]
+        xy = tsne_embed(feats, labels)
+        samples, label_xy = xy[: len(feats)], xy[len(feats) :]
+        accuracy = 100.0 * float(np.mean(preds == targets))
+        for k, name in enumerate(names):
+            color = f"C{k % 10}"
+            mask = targets == k
+            ax.scatter(samples[mask, 0], samples[mask, 1], s=6, alpha=0.5, color=color, label=name)
+            ax.scatter(
+                label_xy[k, 0],
+                label_xy[k, 1],
+                s=380,
+                marker="*",
+                color=color,
+                edgecolors="black",
+                linewidths=1.2,
+                label=f"{name} (label embedding)",
+                zorder=5,
+            )
+        ax.set_title(f"{title}: {run}, {split} ({len(feats)} examples, acc {accuracy:.1f}%)")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.legend(fontsize=7, loc="best", markerscale=0.6)
+        for i in range(len(feats)):
+            x, y = float(samples[i, 0]), float(samples[i, 1])
+            label, pred = names[int(targets[i])], names[int(preds[i])]
+            csv_rows.append([method, run, "sample", int(ids[i]), label, pred, x, y])
+        for k, name in enumerate(names):
+            x, y = float(label_xy[k, 0]), float(label_xy[k, 1])
+            csv_rows.append([method, run, "label_embedding", k, name, name, x, y])
+    fig.suptitle("t-SNE of pooled features (•) and label embeddings (★), L2-normalised")
+    fig.tight_layout()
+    png = out_dir / "tsne.png"
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+    write_csv(
+        out_dir / "tsne.csv",
+        ["method", "run", "kind", "id", "label", "prediction", "x", "y"],
+        csv_rows,
+    )
+    return [png, out_dir / "tsne.csv"]
+
+
+# ----------------------------------------------------------------------------- (e)
+
+
+def plot_lambda(results_dir: Path, out_dir: Path):
+    """(e) Test accuracy vs lambda for ce_scl and acl (mean +- std over seeds)."""
+    results = compare.load_results(results_dir)
+    groups = {m: compare.lambda_groups(results, m) for m in compare.SWEEP_METHODS}
+    groups = {m: g for m, g in groups.items() if len(g) > 1}
+    if not groups:
+        raise Skipped("no lambda sweep (compare.py --lambdas ...) with two or more values")
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    rows = []
+    all_lams = sorted({lam for g in groups.values() for lam in g})
+    for method, by_lambda in groups.items():
+        chosen = compare.chosen_on_dev(by_lambda)
+        xs, means, stds = [], [], []
+        for lam, runs in by_lambda.items():
+            dev = compare.summarize([r["dev"]["accuracy"] for r in runs])
+            test = compare.summarize([r["test"]["accuracy"] for r in runs])
+            xs.append(lam)
+            means.append(test[0])
+            stds.append(0.0 if math.isnan(test[1]) else test[1])
+            rows.append(
+                [method, lam, test[2], dev[0], dev[1], test[0], test[1], int(lam == chosen)]
+            )
+        color = COLORS.get(method)
+        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, color=color, label=method)
+        i = xs.index(chosen)
+        ax.scatter([xs[i]], [means[i]], s=220, facecolors="none", edgecolors=color, linewidths=1.5)
+    ce = [r for r in compare.main_results(results) if r["method"] == "ce"]
+    if ce:
+        mean, std, n = compare.summarize([r["test"]["accuracy"] for r in ce])
+        ax.axhline(mean, color=COLORS["ce"], linestyle="--", label=f"ce (n={n})")
+        if not math.isnan(std):
+            ax.axhspan(mean - std, mean + std, color=COLORS["ce"], alpha=0.15)
+        rows.append(["ce", "", n, math.nan, math.nan, mean, std, 0])
+    if all_lams[0] > 0 and all_lams[-1] / all_lams[0] >= 10:
+        ax.set_xscale("log")
+    ax.set_xticks(all_lams)
+    ax.set_xticklabels([f"{lam:g}" for lam in all_lams])
+    ax.set_xlabel("λ (--contrastive-lambda)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Sensitivity to λ (mean ± std over seeds; ○ = chosen on dev)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    png = out_dir / "lambda.png"
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+    write_csv(
+        out_dir / "lambda.csv",
+        ["method", "lambda", "n", "dev_mean", "dev_std", "test_mean", "test_std", "chosen_on_dev"],
+        rows,
+    )
+    return [png, out_dir / "lambda.csv"]
+
+
+# ----------------------------------------------------------------------------- command line
+
+PLOTS = ("a", "b", "c", "d", "e")
+NAMES = {
+    "a": "(a) ACL-Grad angle histogram",
+    "b": "(b) layer-score curves",
+    "c": "(c) early-exit speed/accuracy",
+    "d": "(d) t-SNE of pooled features",
+    "e": "(e) sensitivity to lambda",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=compare._HelpFormatter)
+    p.add_argument("results", type=Path, help="the --out folder of scripts/compare.py")
+    p.add_argument("--data", type=Path, help="binarized data of the runs (for the t-SNE)")
+    p.add_argument(
+        "--sweep-tsv",
+        action="append",
+        metavar="[LABEL=]FILE",
+        help="early_exit_sweep.py table (repeatable)",
+    )
+    p.add_argument("--out", type=Path, help="output folder (default: RESULTS/plots)")
+    p.add_argument("--only", default=",".join(PLOTS), help="comma list of a,b,c,d,e")
+    p.add_argument("--tsne-seed", type=int, help="seed k of ce-seed<k> / acl-seed<k>")
+    p.add_argument("--tsne-split", default="test", help="split whose examples are embedded")
+    p.add_argument("--tsne-max-examples", type=int, default=2000, help="random subset of the split")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not (args.results / "runs").is_dir():
+        raise SystemExit(f"{args.results}/runs not found: is it a compare.py results folder?")
+    out = args.out or args.results / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    only = [x.strip() for x in args.only.split(",") if x.strip()]
+    unknown = [x for x in only if x not in PLOTS]
+    if unknown:
+        raise SystemExit(f"--only: unknown plot(s) {unknown}; expected some of {PLOTS}")
+    jobs: dict[str, Callable[[], list[Path]]] = {
+        "a": lambda: plot_angles(args.results, out),
+        "b": lambda: plot_layer_scores(args.results, out),
+        "c": lambda: plot_early_exit(args.results, out, args.sweep_tsv),
+        "d": lambda: plot_tsne(
+            args.results, out, args.data, args.tsne_seed, args.tsne_split, args.tsne_max_examples
+        ),
+        "e": lambda: plot_lambda(args.results, out),
+    }
+    failed = 0
+    for key in only:
+        try:
+            paths = jobs[key]()
+        except Skipped as e:
+            print(f"skipped {NAMES[key]}: {e}", flush=True)
+            continue
+        except Exception as e:  # one broken input should not stop the other plots
+            failed += 1
+            print(f"FAILED {NAMES[key]}: {type(e).__name__}: {e}", flush=True)
+            continue
+        print(f"drew {NAMES[key]}: {', '.join(str(p) for p in paths)}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
