@@ -121,7 +121,50 @@ def add_predictions(
         logging_output["report_acc_and_f1"] = True
 
 
-class ContrastiveSentencePredictionCriterion(SentencePredictionCriterion):
+class LossTermsCriterion(SentencePredictionCriterion):
+    """A ``sentence_prediction`` criterion whose loss is CE + a contrastive term.
+
+    Subclasses implement ``loss_terms``; ``forward`` returns the sum, and the metrics are
+    fairseq's (accuracy, MCC / F1 when asked) plus ``ce_loss`` and ``contrastive_loss``.
+    """
+
+    def loss_terms(self, model: nn.Module, sample: dict[str, Any]) -> LossTerms:
+        raise NotImplementedError
+
+    def terms_logging_output(
+        self, model, sample, ce_loss: Tensor, contrastive_loss: Tensor, logits: Tensor,
+        targets: Tensor,
+    ) -> dict[str, Any]:  # fmt: skip
+        """fairseq's logging output for ``logits`` (N x K) plus the two terms."""
+        sample_size = targets.numel()
+        preds = logits.argmax(dim=1)
+        logging_output: dict[str, Any] = {
+            "loss": (ce_loss + contrastive_loss).data,
+            "ce_loss": ce_loss.data,
+            "contrastive_loss": contrastive_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample_size,
+            "sample_size": sample_size,
+            "ncorrect": (preds == targets).sum(),
+        }
+        if self.keep_pred_and_targ and not model.training:
+            add_predictions(self, logging_output, preds, targets)
+        return logging_output
+
+    def forward(self, model, sample, reduce=True):
+        ce_loss, contrastive_loss, sample_size, logging_output = self.loss_terms(model, sample)
+        return ce_loss + contrastive_loss, sample_size, logging_output
+
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        SentencePredictionCriterion.reduce_metrics(logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        for key in ("ce_loss", "contrastive_loss"):
+            total = sum(log.get(key, 0) for log in logging_outputs)
+            metrics.log_scalar(key, total / (sample_size or 1) / math.log(2), sample_size, round=3)
+
+
+class ContrastiveSentencePredictionCriterion(LossTermsCriterion):
     """CE plus a contrastive term on the head's pooled feature; subclasses pick the term."""
 
     name = "contrastive"
@@ -176,29 +219,7 @@ class ContrastiveSentencePredictionCriterion(SentencePredictionCriterion):
             contrastive_loss = self.contrastive_lambda * sample_size * term
         else:
             contrastive_loss = features.sum() * 0.0
-        loss = ce_loss + contrastive_loss
-
-        logging_output: dict[str, Any] = {
-            "loss": loss.data,
-            "ce_loss": ce_loss.data,
-            "contrastive_loss": contrastive_loss.data,
-            "ntokens": sample["ntokens"],
-            "nsentences": sample_size,
-            "sample_size": sample_size,
-            "ncorrect": (logits.argmax(dim=1) == targets).sum(),
-        }
-        if self.keep_pred_and_targ and not model.training:
-            add_predictions(self, logging_output, logits.argmax(dim=1), targets)
+        logging_output = self.terms_logging_output(
+            model, sample, ce_loss, contrastive_loss, logits, targets
+        )
         return LossTerms(ce_loss, contrastive_loss, sample_size, logging_output)
-
-    def forward(self, model, sample, reduce=True):
-        ce_loss, contrastive_loss, sample_size, logging_output = self.loss_terms(model, sample)
-        return ce_loss + contrastive_loss, sample_size, logging_output
-
-    @staticmethod
-    def reduce_metrics(logging_outputs) -> None:
-        SentencePredictionCriterion.reduce_metrics(logging_outputs)
-        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
-        for key in ("ce_loss", "contrastive_loss"):
-            total = sum(log.get(key, 0) for log in logging_outputs)
-            metrics.log_scalar(key, total / (sample_size or 1) / math.log(2), sample_size, round=3)

@@ -16,13 +16,12 @@ import torch.nn.functional as F
 from fairseq.criterions import register_criterion
 from fairseq.criterions.sentence_prediction import (
     SentencePredictionConfig,
-    SentencePredictionCriterion,
 )
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from torch import Tensor, nn
 
-from .contrastive_sentence_prediction import LossTerms, add_predictions
+from .contrastive_sentence_prediction import LossTerms, LossTermsCriterion
 
 EXIT_WEIGHTING = ChoiceEnum(["layer", "uniform"])
 
@@ -46,7 +45,7 @@ def exit_weights(layers: list[int], weighting: str) -> list[float]:
 
 
 @register_criterion("multi_exit_ce", dataclass=MultiExitCeConfig)
-class MultiExitCeCriterion(SentencePredictionCriterion):
+class MultiExitCeCriterion(LossTermsCriterion):
     """Weighted CE over the exits of a ``multi_exit_roberta`` model."""
 
     name = "multi_exit_ce"
@@ -89,37 +88,20 @@ class MultiExitCeCriterion(SentencePredictionCriterion):
             contrastive_loss = final_logits.sum() * 0.0
         else:
             contrastive_loss = sample_size * sum(w * c for w, c in zip(weights, contrastive))
-        loss = ce_loss + contrastive_loss
-
-        logging_output: dict[str, Any] = {
-            "loss": loss.data,
-            "ce_loss": ce_loss.data,
-            "contrastive_loss": contrastive_loss.data,
-            "ntokens": sample["ntokens"],
-            "nsentences": sample_size,
-            "sample_size": sample_size,
-            "ncorrect": (final_logits.argmax(dim=1) == targets).sum(),
-        }
+        logging_output = self.terms_logging_output(
+            model, sample, ce_loss, contrastive_loss, final_logits, targets
+        )
         for o, ce in zip(outputs, ce_per_exit):
             logging_output[f"loss_exit{o.layer}"] = ce.data
             logging_output[f"ncorrect_exit{o.layer}"] = (o.logits.argmax(dim=1) == targets).sum()
-        if self.keep_pred_and_targ and not model.training:
-            add_predictions(self, logging_output, final_logits.argmax(dim=1), targets)
         return LossTerms(ce_loss, contrastive_loss, sample_size, logging_output)
-
-    def forward(self, model, sample, reduce=True):
-        ce_loss, contrastive_loss, sample_size, logging_output = self.loss_terms(model, sample)
-        return ce_loss + contrastive_loss, sample_size, logging_output
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
-        SentencePredictionCriterion.reduce_metrics(logging_outputs)
+        LossTermsCriterion.reduce_metrics(logging_outputs)
         sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
         nsentences = sum(log.get("nsentences", 0) for log in logging_outputs)
         keys = logging_outputs[0].keys() if logging_outputs else []
-        for key in ("ce_loss", "contrastive_loss"):
-            total = sum(log.get(key, 0) for log in logging_outputs)
-            metrics.log_scalar(key, total / (sample_size or 1) / math.log(2), sample_size, round=3)
         prefix = "ncorrect_exit"
         layers = sorted(int(k[len(prefix) :]) for k in keys if k.startswith(prefix))
         for layer in layers:
