@@ -215,8 +215,13 @@ def evaluate(data: Path, checkpoint: Path, criterion: str, subset: str = "test")
         ],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    records = [json.loads(line[line.index("{") :]) for line in out.splitlines() if "{" in line]
-    return {k[len(subset) + 1 :]: float(v) for k, v in records[-1].items() if k.startswith(subset)}
+    for line in reversed(out.splitlines()):  # the JSON record of the subset, last line first
+        if f'"{subset}_' in line:
+            record = json.loads(line[line.index("{") :])
+            return {
+                k[len(subset) + 1 :]: float(v) for k, v in record.items() if k.startswith(subset)
+            }
+    raise SystemExit(f"no '{subset}' metrics in the fairseq-validate output of {checkpoint}")
 
 
 def main(argv=None) -> None:
