@@ -304,7 +304,7 @@ def main(argv=None) -> None:
             sys.executable, str(SCRIPTS / "early_exit_sweep.py"), "--checkpoint", str(acl_cl),
             "--data", str(data), "--split", "test", "--policy", "entropy",
             "--batch-sizes", "1,32", "--max-examples", str(args.sweep_examples),
-            "--thresholds", "0.05,0.1,0.2,0.3,0.45,0.6", "--repeats", "1",
+            "--thresholds", "0.2,0.4,0.5,0.6,0.65,0.68", "--repeats", "1",
             "--out", str(sweep_out), "--cpu",
         ],
         capture_output=True, text=True,
