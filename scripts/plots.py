@@ -73,6 +73,18 @@ def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) 
             writer.writerow([f"{v:.6g}" if isinstance(v, float) else v for v in row])
 
 
+def save_plot(
+    fig, out_dir: Path, name: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
+) -> list[Path]:
+    """Writes ``name``.png and the numbers behind it as ``name``.csv; returns both paths."""
+    fig.tight_layout()
+    png = out_dir / f"{name}.png"
+    fig.savefig(png, dpi=150)
+    plt.close(fig)
+    write_csv(out_dir / f"{name}.csv", header, rows)
+    return [png, out_dir / f"{name}.csv"]
+
+
 def main_runs(results_dir: Path, method: str) -> list[Path]:
     """``runs/<method>-seed<k>`` folders (not the lambda sweep), by seed."""
     pattern = re.compile(rf"{re.escape(method)}-seed(\d+)")
@@ -154,17 +166,13 @@ def plot_angles(results_dir: Path, out_dir: Path, methods: Sequence[str] = ANGLE
     ax.set_ylabel("fraction of updates")
     ax.set_title("ACL-Grad angle per update during training (all seeds)")
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    png = out_dir / "angles.png"
-    fig.savefig(png, dpi=150)
-    plt.close(fig)
-    write_csv(out_dir / "angles.csv", header, table_rows)
+    written = save_plot(fig, out_dir, "angles", header, table_rows)
     write_csv(
         out_dir / "angles_summary.csv",
         ["method", "threshold", "runs", "updates", "mean_angle", "frac_over_90", "frac_dropped"],
         summary,
     )
-    return [png, out_dir / "angles.csv", out_dir / "angles_summary.csv"]
+    return [*written, out_dir / "angles_summary.csv"]
 
 
 # ----------------------------------------------------------------------------- (b)
@@ -218,12 +226,7 @@ def plot_layer_scores(results_dir: Path, out_dir: Path):
     ax.set_title("Layer-score curve (test, mean ± std over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    png = out_dir / "layer_scores.png"
-    fig.savefig(png, dpi=150)
-    plt.close(fig)
-    write_csv(out_dir / "layer_scores.csv", ["method", "layer", "n", "mean", "std"], rows)
-    return [png, out_dir / "layer_scores.csv"]
+    return save_plot(fig, out_dir, "layer_scores", ["method", "layer", "n", "mean", "std"], rows)
 
 
 # ----------------------------------------------------------------------------- (c)
@@ -347,12 +350,7 @@ def plot_early_exit(results_dir: Path, out_dir: Path, specs: Sequence[str] | Non
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("Early exit: speed vs accuracy over the policy threshold")
-    fig.tight_layout()
-    png = out_dir / "early_exit.png"
-    fig.savefig(png, dpi=150)
-    plt.close(fig)
-    write_csv(out_dir / "early_exit.csv", EARLY_EXIT_CSV, csv_rows)
-    return [png, out_dir / "early_exit.csv"]
+    return save_plot(fig, out_dir, "early_exit", EARLY_EXIT_CSV, csv_rows)
 
 
 # ----------------------------------------------------------------------------- (d)
@@ -502,16 +500,8 @@ def plot_tsne(
             x, y = float(label_xy[k, 0]), float(label_xy[k, 1])
             csv_rows.append([method, run, "label_embedding", k, name, name, x, y])
     fig.suptitle("t-SNE of pooled features (•) and label embeddings (★), L2-normalised")
-    fig.tight_layout()
-    png = out_dir / "tsne.png"
-    fig.savefig(png, dpi=150)
-    plt.close(fig)
-    write_csv(
-        out_dir / "tsne.csv",
-        ["method", "run", "kind", "id", "label", "prediction", "x", "y"],
-        csv_rows,
-    )
-    return [png, out_dir / "tsne.csv"]
+    header = ["method", "run", "kind", "id", "label", "prediction", "x", "y"]
+    return save_plot(fig, out_dir, "tsne", header, csv_rows)
 
 
 # ----------------------------------------------------------------------------- (e)
@@ -559,16 +549,8 @@ def plot_lambda(results_dir: Path, out_dir: Path):
     ax.set_title("Sensitivity to λ (mean ± std over seeds; ○ = chosen on dev)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    png = out_dir / "lambda.png"
-    fig.savefig(png, dpi=150)
-    plt.close(fig)
-    write_csv(
-        out_dir / "lambda.csv",
-        ["method", "lambda", "n", "dev_mean", "dev_std", "test_mean", "test_std", "chosen_on_dev"],
-        rows,
-    )
-    return [png, out_dir / "lambda.csv"]
+    header = ["method", "lambda", "n", "dev_mean", "dev_std", "test_mean", "test_std"]
+    return save_plot(fig, out_dir, "lambda", [*header, "chosen_on_dev"], rows)
 
 
 # ----------------------------------------------------------------------------- command line

@@ -82,6 +82,7 @@ class AclSentencePredictionTask(SentencePredictionTask):
     def __init__(self, cfg: AclSentencePredictionConfig, data_dictionary, label_dictionary):
         super().__init__(cfg, data_dictionary, label_dictionary)
         self._buffer: ContrastiveGradientBuffer | None = None
+        self._threshold = 90.0  # the criterion's --acl-grad-threshold, set in train_step
         self._update_num = 0
 
     # ------------------------------------------------------------------ training step
