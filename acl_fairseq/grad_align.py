@@ -145,18 +145,19 @@ class ContrastiveGradientBuffer:
         for flat in self._flat:  # type: ignore[union-attr]
             all_reduce(flat)
 
-    def angle_to_grad(self) -> float:
-        """Angle in degrees between the ``.grad`` of ``params`` (CE) and this buffer."""
+    def angle_to_grad(self, subset: Sequence[int] | None = None) -> float:
+        """Angle in degrees between the ``.grad`` of ``params`` (CE) and this buffer;
+        ``subset`` (indices into ``params``) restricts both to those parameters."""
         if self._flat is None:
             return math.nan
+        indices = range(len(self.params)) if subset is None else subset
         a, b = [], []
-        for p, view in zip(self.params, self._views):
-            if p.grad is not None:
-                a.append(p.grad)
-                b.append(view)
-            else:
-                a.append(torch.zeros_like(view))
-                b.append(view)
+        for i in indices:
+            p, view = self.params[i], self._views[i]
+            a.append(p.grad if p.grad is not None else torch.zeros_like(view))
+            b.append(view)
+        if not a:
+            return math.nan
         return gradient_angle(a, b)
 
     def add_to_grad(self) -> None:

@@ -3,7 +3,10 @@
 Same model, same batch, same process, through fairseq's real ``Trainer.train_step`` (so the
 ACL-Grad hook, the all-reduce interception and the optimizer step are all included).
 Methods run interleaved in rounds so machine noise hits them alike; the table gives the
-median seconds per update and the ratio to the baseline, and peak memory where measurable.
+median seconds per update and the ratio to the baseline. Peak memory: on a GPU the peak of
+``torch.cuda.max_memory_allocated`` per method; on CPU the peak resident set size of a fresh
+process that builds the trainer and runs 3 updates of that method alone (``--no-memory`` skips
+these processes).
 
     python benchmarks/train_cost.py                      # MiniLM-L6 sized, batch 32, length 128
     python benchmarks/train_cost.py --layers 12 --dim 768 --heads 12 --ffn 3072   # BERT-base
@@ -11,7 +14,10 @@ median seconds per update and the ratio to the baseline, and peak memory where m
 
 import argparse
 import contextlib
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +34,12 @@ METHODS = {
     "CE+SCL (ce_scl)": ["--criterion", "ce_scl"],
     "ACL-Embed, ACL-Grad off": ["--criterion", "acl_embed", "--no-acl-grad"],
     "ACL-Embed + ACL-Grad (acl_embed)": ["--criterion", "acl_embed"],
+    "ACL-Embed + ACL-Grad, --acl-grad-scope head": [
+        "--criterion",
+        "acl_embed",
+        "--acl-grad-scope",
+        "head",
+    ],
 }
 
 
@@ -98,6 +110,17 @@ def make_sample(a: argparse.Namespace, device: torch.device) -> dict:
     }
 
 
+def cpu_peak_rss_mib(method: str) -> float:
+    """Peak resident set size (MiB) of a fresh process running only ``method``."""
+    out = subprocess.run(
+        [sys.executable, __file__, *sys.argv[1:], "--no-memory", "--only", method],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return float(out.strip().splitlines()[-1].split("=")[1])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--layers", type=int, default=6)
@@ -110,7 +133,18 @@ def main() -> None:
     p.add_argument("--length", type=int, default=128)
     p.add_argument("--updates", type=int, default=5, help="timed updates per method per round")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-memory", action="store_true", help="skip the CPU peak-memory processes")
+    p.add_argument("--only", choices=list(METHODS), help=argparse.SUPPRESS)
     a = p.parse_args()
+
+    if a.only:  # child process of cpu_peak_rss_mib
+        with tempfile.TemporaryDirectory() as tmp:
+            write_dicts(Path(tmp), a.vocab, a.classes)
+            trainer = build_trainer(Path(tmp), a, METHODS[a.only])
+            for _ in range(3):
+                trainer.train_step([make_sample(a, trainer.device)])
+        print(f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}")
+        return
 
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,16 +169,21 @@ def main() -> None:
                 if cuda:
                     peak[name] = torch.cuda.max_memory_allocated() / 2**20
 
+    if not cuda and not a.no_memory:
+        peak = {name: cpu_peak_rss_mib(name) for name in METHODS}
     base = statistics.median(times[next(iter(METHODS))])
     device = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(f"\nmodel: {a.layers} layers x {a.dim}, batch {a.batch} x {a.length} tokens, {device}")
     print(f"{a.rounds} rounds x {a.updates} updates per method, median seconds per update\n")
-    print("| method | s/update | ratio to CE | peak MiB |")
-    print("|---|---|---|---|")
+    kind = "GPU max allocated" if cuda else "CPU peak RSS of a process running it alone"
+    print(f"| method | s/update | ratio to CE | peak MiB ({kind}) | ratio to CE |")
+    print("|---|---|---|---|---|")
+    base_mem = peak.get(next(iter(METHODS)))
     for name in METHODS:
         med = statistics.median(times[name])
-        mem = f"{peak[name]:.0f}" if name in peak else "n/a (CPU)"
-        print(f"| {name} | {med:.3f} | {med / base:.2f}x | {mem} |")
+        mem = f"{peak[name]:.0f}" if name in peak else "not measured"
+        mem_ratio = f"{peak[name] / base_mem:.2f}x" if name in peak and base_mem else "-"
+        print(f"| {name} | {med:.3f} | {med / base:.2f}x | {mem} | {mem_ratio} |")
 
 
 if __name__ == "__main__":

@@ -431,13 +431,14 @@ def test_metrics(output: str, subset: str = "test") -> dict[str, float]:
 
 
 def read_angles(path: Path) -> list[tuple[int, float, int]]:
-    """``(update, angle in degrees, kept 0/1)`` rows of an ``--acl-grad-log`` file."""
+    """``(update, angle in degrees, kept 0/1)`` rows of an ``--acl-grad-log`` file (whose
+    fourth column, the angle on the heads alone, is not used here)."""
     rows = []
     if not path.exists():
         return rows
     for line in path.read_text(encoding="utf-8").splitlines():
         parts = line.split("\t")
-        if len(parts) == 3:
+        if len(parts) >= 3:
             rows.append((int(parts[0]), float(parts[1]), int(parts[2])))
     return rows
 

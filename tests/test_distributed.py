@@ -67,7 +67,7 @@ def train_inner(output: str) -> list[dict]:
 
 def read_angles(path) -> list[tuple[int, float, int]]:
     rows = [line.split("\t") for line in path.read_text().splitlines()]
-    return [(int(u), float(a), int(k)) for u, a, k in rows]
+    return [(int(u), float(a), int(k)) for u, a, k, _head_angle in rows]
 
 
 def model_state(path) -> dict[str, torch.Tensor]:
@@ -127,6 +127,21 @@ def test_two_workers_equal_update_freq_two(sentiment_data, tmp_path, case):
         rows = read_angles(two / f"angles.{rank}.tsv")
         assert [(u, k) for u, _, k in rows] == [(u, k) for u, _, k in single], rank
         assert [a for _, a, _ in rows] == pytest.approx([a for _, a, _ in single], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_head_scope_workers_take_the_same_decisions(sentiment_data, tmp_path):
+    """--acl-grad-scope head decides per micro-batch on the heads' gradients summed over the
+    workers: every worker logs the same angles and decisions, one row per update here."""
+    args = [*COMMON, *CASES["acl_embed"], "--acl-grad-scope", "head"]
+    out = fairseq_train_workers(
+        2, sentiment_data, tmp_path, *args, "--acl-grad-log", str(tmp_path / "angles.{rank}.tsv")
+    )
+    assert "training on 2 devices" in rank_output(out, 0)
+    rank0 = read_angles(tmp_path / "angles.0.tsv")
+    rank1 = read_angles(tmp_path / "angles.1.tsv")
+    assert [u for u, _, _ in rank0] == list(range(UPDATES))
+    assert rank1 == rank0
 
 
 def _launch(*args: str) -> subprocess.CompletedProcess:

@@ -39,6 +39,7 @@ def records(out, kind):
         ("acl_embed", [], True),
         ("ce_scl", [], False),
         ("ce_scl", ["--acl-grad"], True),
+        ("acl_embed", ["--acl-grad-scope", "head", "--update-freq", "2"], True),
         ("acl_embed", ["--no-acl-grad", "--update-freq", "2", "--report-acc-and-f1"], False),
     ],
 )
@@ -106,6 +107,8 @@ def test_angle_log_and_restore_file(sentiment_data, tmp_path):
     kept = [int(r.split("\t")[2]) for r in rows]
     angles = [float(r.split("\t")[1]) for r in rows]
     assert all(k == (a <= 90.0) for k, a in zip(kept, angles))
+    head_angles = [float(r.split("\t")[3]) for r in rows]  # the heads' share, for comparison
+    assert all(0.0 <= a <= 180.0 for a in head_angles) and head_angles != angles
     out = fairseq_train(
         sentiment_data,
         tmp_path / "stage2",

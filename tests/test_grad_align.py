@@ -122,9 +122,9 @@ def run_update(task, model, opt, samples, criterion=None):
     """What fairseq's Trainer does for one update (single worker)."""
     criterion = criterion or TwoTermCriterion()
     opt.zero_grad()
-    for s in samples:
-        task.train_step(s, model, criterion, opt, update_num=0)
     with metrics.aggregate(new_root=True) as agg:
+        for s in samples:
+            task.train_step(s, model, criterion, opt, update_num=0)
         opt.all_reduce_grads(model)
     return agg
 
@@ -220,3 +220,99 @@ def test_criterion_without_terms_uses_fairseq_train_step():
     task.train_step({"a": [3.0, 4.0]}, model, PlainCriterion(), opt, update_num=0)
     torch.testing.assert_close(model.w.grad, torch.tensor([3.0, 4.0]))
     assert not hasattr(opt, "_acl_grad_task")
+
+
+# --------------------------------------------------------------------- --acl-grad-scope head
+class HeadedModel(TwoTermModel):
+    """TwoTermModel plus a head parameter ``classification_heads.h.v`` (2)."""
+
+    def __init__(self):
+        super().__init__()
+        self.classification_heads = torch.nn.ModuleDict({"h": torch.nn.Module()})
+        self.classification_heads["h"].v = torch.nn.Parameter(torch.zeros(2))
+
+
+class HeadedCriterion(TwoTermCriterion):
+    """CE = a.w + u + c.v, contrastive = b.w + d.v: the head gradients are c and d."""
+
+    def __init__(self, scope="head", threshold=90.0):
+        self.grad_align_scope = scope
+        self.grad_align_threshold = threshold
+
+    def loss_terms(self, model, sample):
+        ce, con, n, log = super().loss_terms(model, sample)
+        v = model.classification_heads["h"].v
+        ce = ce + (torch.tensor(sample["c"]) * v).sum()
+        con = con + (torch.tensor(sample["d"]) * v).sum()
+        return ce, con, n, log
+
+
+def head_sample(a, b, c, d):
+    return {"a": a, "b": b, "c": c, "d": d}
+
+
+def test_head_scope_decides_on_the_head_gradients_only():
+    # whole-model gradients: ce (1,0|1|1,0), con (-2,0|0|1,1): 103.6 degrees; heads: 45
+    sample = head_sample([1.0, 0.0], [-2.0, 0.0], [1.0, 0.0], [1.0, 1.0])
+    whole = math.degrees(math.acos(-1 / math.sqrt(18)))
+    model, task = HeadedModel(), make_task()
+    opt = PlainOptimizer(model.parameters())
+    agg = run_update(task, model, opt, [sample], HeadedCriterion("head"))
+    assert agg.get_smoothed_value("acl_grad_angle") == pytest.approx(45.0, abs=1e-3)
+    torch.testing.assert_close(model.w.grad, torch.tensor([-1.0, 0.0]))  # kept: a + b
+    torch.testing.assert_close(model.classification_heads["h"].v.grad, torch.tensor([2.0, 1.0]))
+    # the exact scope, on the same gradients, drops the term
+    model, task = HeadedModel(), make_task()
+    opt = PlainOptimizer(model.parameters())
+    agg = run_update(task, model, opt, [sample], HeadedCriterion("all"))
+    assert agg.get_smoothed_value("acl_grad_angle") == pytest.approx(whole, abs=0.05)
+    torch.testing.assert_close(model.w.grad, torch.tensor([1.0, 0.0]))  # dropped: a only
+
+
+def test_head_scope_drops_the_term_in_the_same_backward_pass():
+    sample = head_sample([1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [-1.0, 0.5])
+    model, task = HeadedModel(), make_task()
+    opt = PlainOptimizer(model.parameters(), loss_scale=8.0)
+    agg = run_update(task, model, opt, [sample], HeadedCriterion("head"))
+    assert agg.get_smoothed_value("acl_grad_drop") == 1.0
+    torch.testing.assert_close(model.w.grad, 8.0 * torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(model.u.grad, 8.0 * torch.tensor([1.0]))
+    head_grad = model.classification_heads["h"].v.grad
+    torch.testing.assert_close(head_grad, 8.0 * torch.tensor([1.0, 0.0]))
+    assert not hasattr(opt, "_acl_grad_task")  # no side buffer, no optimizer hook
+
+
+def test_head_scope_decides_per_micro_batch(tmp_path):
+    log = tmp_path / "angles.tsv"
+    conflicting = head_sample([1.0, 0.0], [5.0, 5.0], [1.0, 0.0], [-1.0, 0.0])
+    agreeing = head_sample([1.0, 0.0], [5.0, 5.0], [1.0, 0.0], [1.0, 0.0])
+    model, task = HeadedModel(), make_task(log=str(log))
+    opt = PlainOptimizer(model.parameters())
+    run_update(task, model, opt, [conflicting, agreeing], HeadedCriterion("head"))
+    # micro-batch 1 dropped its term, micro-batch 2 kept it: 2a + b
+    torch.testing.assert_close(model.w.grad, torch.tensor([7.0, 5.0]))
+    torch.testing.assert_close(model.classification_heads["h"].v.grad, torch.tensor([3.0, 0.0]))
+    rows = [line.split("\t") for line in log.read_text().splitlines()]
+    assert [(float(r[1]), int(r[2])) for r in rows] == [(180.0, 0), (0.0, 1)]
+    assert [float(r[3]) for r in rows] == [float(r[1]) for r in rows]
+
+
+def test_exact_scope_logs_the_head_angle_of_the_update(tmp_path):
+    log = tmp_path / "angles.tsv"
+    sample = head_sample([1.0, 0.0], [-2.0, 0.0], [1.0, 0.0], [1.0, 1.0])
+    model, task = HeadedModel(), make_task(log=str(log))
+    opt = PlainOptimizer(model.parameters())
+    run_update(task, model, opt, [sample, sample], HeadedCriterion("all"))
+    (row,) = [line.split("\t") for line in log.read_text().splitlines()]
+    assert float(row[1]) == pytest.approx(math.degrees(math.acos(-1 / math.sqrt(18))), abs=1e-3)
+    assert int(row[2]) == 0
+    assert float(row[3]) == pytest.approx(45.0, abs=1e-3)
+
+
+def test_head_scope_without_head_parameters_is_a_clear_error():
+    model, task = TwoTermModel(), make_task()
+    opt = PlainOptimizer(model.parameters())
+    criterion = HeadedCriterion("head")
+    criterion.loss_terms = TwoTermCriterion().loss_terms
+    with pytest.raises(ValueError, match="--acl-grad-scope all"):
+        run_update(task, model, opt, [{"a": [1.0, 0.0], "b": [1.0, 1.0]}], criterion)

@@ -17,7 +17,11 @@ from fairseq.criterions import register_criterion
 from torch import Tensor
 
 from ..losses import acl_embed_loss, cross_layer_loss
-from .contrastive_sentence_prediction import validate_contrastive_config
+from .contrastive_sentence_prediction import (
+    ACL_GRAD_SCOPE,
+    ACL_GRAD_SCOPE_HELP,
+    validate_contrastive_config,
+)
 from .multi_exit_ce import MultiExitCeConfig, MultiExitCeCriterion
 
 
@@ -41,6 +45,9 @@ class AclCrossLayerConfig(MultiExitCeConfig):
             "help": "ACL-Grad: drop the contrastive terms for an update when the angle between "
             "the total CE gradient and the total contrastive gradient exceeds this (degrees)"
         },
+    )
+    acl_grad_scope: ACL_GRAD_SCOPE = field(  # type: ignore[valid-type]
+        default="all", metadata={"help": ACL_GRAD_SCOPE_HELP}
     )
     no_acl_grad: bool = field(
         default=False,
@@ -67,6 +74,7 @@ class AclCrossLayerCriterion(MultiExitCeCriterion):
                 "switch the task or pass --no-acl-grad"
             )
         self.grad_align_threshold = cfg.acl_grad_threshold if self.use_acl_grad else None
+        self.grad_align_scope = str(cfg.acl_grad_scope)
 
     def contrastive_terms(self, outputs, targets: Tensor) -> list[Tensor]:
         teacher = outputs[-1]

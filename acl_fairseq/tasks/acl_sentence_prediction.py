@@ -19,6 +19,15 @@ like k workers. Under ``--ddp-backend pytorch_ddp`` DDP's hooks reduce the CE gr
 the real backward; ``autograd.grad`` does not fire them, which is why the buffer has its own
 all-reduce. The buffer is dropped whenever the trainer zeroes the gradients.
 
+``--acl-grad-scope head`` (a criterion option) is the cheap approximation: for each
+micro-batch, the CE and contrastive gradients of the classification heads' parameters only are
+taken (a backward pass through the heads, not the encoder), summed over the workers, and the
+decision is made before the micro-batch's single ``optimizer.backward`` of ``CE + term`` or
+``CE``. It costs about what CE costs, decides per micro-batch rather than per update, and
+agrees with the exact decision only as far as the heads' gradients represent the encoder's
+(``benchmarks/acl_grad_agreement.py`` measures how often). With the exact scope the log's
+fourth column gives that heads-only angle of the same update, for comparison.
+
 A criterion without separate terms, or with ACL-Grad off, runs fairseq's own ``train_step``.
 
 The task also checks its input where fairseq would fail late or not at all: ``--num-classes``
@@ -43,7 +52,7 @@ from fairseq.optim.amp_optimizer import AMPOptimizer
 from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 
-from ..grad_align import ContrastiveGradientBuffer, Decision, decide
+from ..grad_align import ContrastiveGradientBuffer, Decision, decide, gradient_angle
 from ..input_checks import (
     check_dictionaries,
     check_lengths,
@@ -60,9 +69,9 @@ class AclSentencePredictionConfig(SentencePredictionConfig):
     acl_grad_log: Optional[str] = field(
         default=None,
         metadata={
-            "help": "append one line per update (update, angle in degrees, kept 0/1) to this "
-            "TSV file (rank 0 only), e.g. for the angle histogram; a '{rank}' in the path "
-            "writes one file per data-parallel worker instead"
+            "help": "append one line per decision (update, angle in degrees, kept 0/1, angle "
+            "on the classification heads alone) to this TSV file (rank 0 only), e.g. for the "
+            "angle histogram; a '{rank}' in the path writes one file per data-parallel worker"
         },
     )
 
@@ -82,6 +91,7 @@ class AclSentencePredictionTask(SentencePredictionTask):
     def __init__(self, cfg: AclSentencePredictionConfig, data_dictionary, label_dictionary):
         super().__init__(cfg, data_dictionary, label_dictionary)
         self._buffer: ContrastiveGradientBuffer | None = None
+        self._head_indices: list[int] = []  # positions of the heads' parameters in the buffer
         self._threshold = 90.0  # the criterion's --acl-grad-threshold, set in train_step
         self._update_num = 0
 
@@ -97,7 +107,7 @@ class AclSentencePredictionTask(SentencePredictionTask):
         model.train()
         model.set_num_updates(update_num)
         self._update_num = update_num
-        buffer = self._grad_buffer(model, optimizer, threshold)
+        self._threshold = threshold
         amp = isinstance(optimizer, AMPOptimizer)
         with torch.autocast("cuda") if amp else contextlib.nullcontext():
             ce_loss, contrastive_loss, sample_size, logging_output = criterion.loss_terms(
@@ -106,24 +116,29 @@ class AclSentencePredictionTask(SentencePredictionTask):
         if ignore_grad:
             ce_loss = ce_loss * 0.0
             contrastive_loss = contrastive_loss * 0.0
-        if contrastive_loss.requires_grad:
-            grads = torch.autograd.grad(
-                _scale_like_optimizer(optimizer, contrastive_loss),
-                buffer.params,
-                retain_graph=True,
-                allow_unused=True,
-            )
-            buffer.accumulate(grads)
-        optimizer.backward(ce_loss)
+        if getattr(criterion, "grad_align_scope", "all") == "head":
+            keep = self._decide_on_heads(model, optimizer, ce_loss, contrastive_loss)
+            optimizer.backward(ce_loss + contrastive_loss if keep else ce_loss)
+        else:
+            buffer = self._grad_buffer(model, optimizer)
+            if contrastive_loss.requires_grad:
+                grads = torch.autograd.grad(
+                    _scale_like_optimizer(optimizer, contrastive_loss),
+                    buffer.params,
+                    retain_graph=True,
+                    allow_unused=True,
+                )
+                buffer.accumulate(grads)
+            optimizer.backward(ce_loss)
         return (ce_loss + contrastive_loss).detach(), sample_size, logging_output
 
-    def _grad_buffer(self, model, optimizer, threshold: float) -> ContrastiveGradientBuffer:
+    def _grad_buffer(self, model, optimizer) -> ContrastiveGradientBuffer:
         """The side buffer for ``model``; hooks the optimizer once (see module docstring)."""
         if self._buffer is None or getattr(optimizer, "_acl_grad_task", None) is not self:
-            params = [p for p in model.parameters() if p.requires_grad]
-            self._buffer = ContrastiveGradientBuffer(params)
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            self._buffer = ContrastiveGradientBuffer([p for _, p in named])
+            self._head_indices = [i for i, (n, _) in enumerate(named) if _is_head_param(n)]
             self._hook_optimizer(optimizer, model)
-        self._threshold = threshold
         return self._buffer
 
     def _hook_optimizer(self, optimizer, model) -> None:
@@ -145,6 +160,7 @@ class AclSentencePredictionTask(SentencePredictionTask):
         optimizer._acl_grad_task = self
 
     def _decide_and_apply(self) -> Decision | None:
+        """``--acl-grad-scope all``: decides on the update's exact global gradients."""
         buffer = self._buffer
         if buffer is None or buffer.empty:
             return None
@@ -157,20 +173,45 @@ class AclSentencePredictionTask(SentencePredictionTask):
                 distributed_utils.all_reduce(t, group)
 
             buffer.all_reduce(mean_all_reduce)
-        angle = buffer.angle_to_grad()
-        if world_size > 1:
-            angle_t = torch.tensor([angle], dtype=torch.float64, device=buffer.params[0].device)
-            distributed_utils.broadcast(angle_t, src=0, group=group)
-            angle = angle_t.item()
+        angle = _rank0_value(buffer.angle_to_grad(), buffer.params[0].device)
         decision = decide(angle, self._threshold)
+        # the angle on the heads alone, as --acl-grad-scope head would measure it (logged only)
+        head_angle = buffer.angle_to_grad(self._head_indices)
         if decision.keep:
             buffer.add_to_grad()
         else:
             buffer.reset()
-        self._log_decision(decision)
+        self._log_decision(decision, head_angle)
         return decision
 
-    def _log_decision(self, decision: Decision) -> None:
+    def _decide_on_heads(self, model, optimizer, ce_loss, contrastive_loss) -> bool:
+        """``--acl-grad-scope head``: decides on this micro-batch before its backward pass.
+
+        The CE and contrastive gradients of the classification heads' parameters only (a
+        backward pass through the heads, not the encoder), summed over the data-parallel
+        workers, so every worker decides alike. Returns whether to keep the contrastive term.
+        """
+        params = [p for n, p in model.named_parameters() if p.requires_grad and _is_head_param(n)]
+        if not params:
+            raise ValueError(
+                "--acl-grad-scope head measures the angle on the classification heads, but "
+                "the model has no trainable 'classification_heads' parameters; use "
+                "--acl-grad-scope all"
+            )
+        g_ce = _grads_or_zeros(_scale_like_optimizer(optimizer, ce_loss), params)
+        g_con = _grads_or_zeros(_scale_like_optimizer(optimizer, contrastive_loss), params)
+        if distributed_utils.get_data_parallel_world_size() > 1:
+            flat = torch.cat([g.reshape(-1).float() for g in g_ce + g_con])
+            distributed_utils.all_reduce(flat, distributed_utils.get_data_parallel_group())
+            sizes = [g.numel() for g in g_ce + g_con]
+            parts = flat.split(sizes)
+            g_ce, g_con = list(parts[: len(params)]), list(parts[len(params) :])
+        angle = _rank0_value(gradient_angle(g_ce, g_con), params[0].device)
+        decision = decide(angle, self._threshold)
+        self._log_decision(decision, angle)
+        return decision.keep
+
+    def _log_decision(self, decision: Decision, head_angle: float) -> None:
         if not decision.finite:
             return  # overflow or zero gradient: no statistic, the trainer handles overflow
         metrics.log_scalar("acl_grad_angle", decision.angle, weight=1, round=1)
@@ -183,7 +224,10 @@ class AclSentencePredictionTask(SentencePredictionTask):
         elif not _is_first_worker():
             return
         with open(path, "a", encoding="utf-8") as f:
-            f.write(f"{self._update_num}\t{decision.angle:.4f}\t{int(decision.keep)}\n")
+            f.write(
+                f"{self._update_num}\t{decision.angle:.4f}\t{int(decision.keep)}"
+                f"\t{head_angle:.4f}\n"
+            )
 
     # ------------------------------------------------------------------ set-up checks
     @classmethod
@@ -208,6 +252,27 @@ class AclSentencePredictionTask(SentencePredictionTask):
         # method, so that copies of the model (EMA) load into themselves
         model.load_state_dict = types.MethodType(load_state_dict_checked, model)
         return model
+
+
+def _is_head_param(name: str) -> bool:
+    return "classification_heads" in name.split(".")
+
+
+def _grads_or_zeros(loss: torch.Tensor, params: list) -> list[torch.Tensor]:
+    """d loss / d params, keeping the graph; zeros where ``loss`` does not depend on one."""
+    if not loss.requires_grad:
+        return [torch.zeros_like(p) for p in params]
+    grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+def _rank0_value(value: float, device: torch.device) -> float:
+    """``value`` as computed on data-parallel rank 0 (broadcast), so every worker agrees."""
+    if distributed_utils.get_data_parallel_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    distributed_utils.broadcast(t, src=0, group=distributed_utils.get_data_parallel_group())
+    return t.item()
 
 
 def _data_parallel_rank() -> int:

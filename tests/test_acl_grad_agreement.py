@@ -1,0 +1,52 @@
+"""benchmarks/acl_grad_agreement.py: the agreement table of the heads-only vs exact decision."""
+
+import importlib.util
+import subprocess
+import sys
+
+import numpy
+import pytest
+
+from fairseq_helpers import REPO
+
+SCRIPT = REPO / "benchmarks" / "acl_grad_agreement.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("acl_grad_agreement", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_agreement_counts_decisions_at_each_threshold():
+    pairs = [(50.0, 55.0), (70.0, 80.0), (95.0, 85.0), (100.0, 120.0)]
+    rows = load().agreement_rows("acl-seed1", pairs)
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert [c[5] for c in cells] == ["60°", "75°", "90°"]
+    # 60: exact drops 3, head 3, all agree; 75: exact 2 (95,100), head 3 (80,85,120), 3 of 4
+    # agree; 90: exact 2, head 1 (120): 3 of 4 agree
+    assert [(c[6], c[7], c[8]) for c in cells] == [
+        ("3", "3", "100.0%"),
+        ("2", "3", "75.0%"),
+        ("2", "1", "75.0%"),
+    ]
+    assert cells[0][:4] == ["acl-seed1", "4", "78.8", "85.0"]
+    expected_r = numpy.corrcoef([e for e, _ in pairs], [h for _, h in pairs])[0, 1]
+    assert float(cells[0][4]) == pytest.approx(expected_r, abs=0.005)
+
+
+def test_logs_only_prints_one_block_per_run_and_skips_three_column_logs(tmp_path):
+    run = tmp_path / "runs" / "ce_scl-seed1"
+    run.mkdir(parents=True)
+    (run / "angles.tsv").write_text("0\t80.0\t1\t70.0\n1\t100.0\t1\t95.0\n")
+    old = tmp_path / "runs" / "acl-seed1"
+    old.mkdir()
+    (old / "angles.tsv").write_text("0\t80.0\t1\n")
+    cmd = [sys.executable, str(SCRIPT), "--logs-only", "--out", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert sum(line.startswith("| ce_scl-seed1 | 2 |") for line in out.splitlines()) == 3
+    assert "skipped (no heads-only angle column; re-run with --force): acl-seed1" in out
+    (run / "angles.tsv").unlink()
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode != 0 and "no log with both angles" in res.stderr
