@@ -288,16 +288,18 @@ def test_bad_cross_layer_settings(sentiment_data, tmp_path, args, message):
 
 
 @pytest.mark.slow
-def test_cross_layer_on_a_model_without_exits(sentiment_data, tmp_path):
-    fails_with(
+@pytest.mark.parametrize("criterion", ["acl_cross_layer", "multi_exit_ce"])
+def test_multi_exit_criterion_on_a_model_without_exits(sentiment_data, tmp_path, criterion):
+    out = fails_with(
         sentiment_data,
         tmp_path,
         *TRAIN,
         "--criterion",
-        "acl_cross_layer",
-        message="--criterion acl_cross_layer needs a multi-exit model (--arch "
+        criterion,
+        message=f"--criterion {criterion} needs a multi-exit model (--arch "
         "multi_exit_roberta, multi_exit_roberta_base, ...); this model has no exits",
     )
+    assert "build_criterion" in out and "begin training epoch" not in out  # at set-up
 
 
 # ------------------------------------------------------------------------- checkpoints

@@ -164,9 +164,14 @@ def test_freeze_backbone_leaves_only_shallow_exits_trainable(data_dir):
 
 
 def test_cross_layer_on_a_model_without_exits_is_a_clear_error(data_dir):
-    _, model, crit = build(data_dir, ["--criterion", "acl_cross_layer"], arch="roberta")
-    with pytest.raises(ValueError, match="needs a multi-exit model"):
-        crit.loss_terms(model, sample())
+    # the task checks the model it built when it builds the criterion (fairseq's order) ...
+    with pytest.raises(ValueError, match="acl_cross_layer needs a multi-exit model"):
+        build(data_dir, ["--criterion", "acl_cross_layer"], arch="roberta")
+    # ... and the criterion checks whatever model it is given
+    _, model, crit = build(data_dir, ["--criterion", "acl_embed"], arch="roberta")
+    _, _, cross_layer = build(data_dir, ["--criterion", "acl_cross_layer"])
+    with pytest.raises(ValueError, match="acl_cross_layer needs a multi-exit model"):
+        cross_layer.loss_terms(model, sample())
 
 
 def test_num_classes_mismatch_is_a_clear_error(data_dir):

@@ -58,12 +58,16 @@ class MultiExitCeCriterion(LossTermsCriterion):
         super().__init__(cfg, task)
         self.exit_weighting = cfg.exit_weighting
 
-    def exit_outputs(self, model: nn.Module, sample: dict[str, Any]):
+    def check_model(self, model: nn.Module) -> None:
+        """Raises ValueError unless ``model`` has exits (called by the task at set-up)."""
         if not hasattr(model, "exit_outputs"):
             raise ValueError(
                 f"--criterion {self.name} needs a multi-exit model (--arch multi_exit_roberta, "
                 "multi_exit_roberta_base, ...); this model has no exits"
             )
+
+    def exit_outputs(self, model: nn.Module, sample: dict[str, Any]):
+        self.check_model(model)
         return model.exit_outputs(
             **sample["net_input"], classification_head_name=self.classification_head_name
         )

@@ -42,6 +42,7 @@ checks themselves live in ``acl_fairseq.input_checks``.
 import contextlib
 import logging
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -94,6 +95,7 @@ class AclSentencePredictionTask(SentencePredictionTask):
         self._head_indices: list[int] = []  # positions of the heads' parameters in the buffer
         self._threshold = 90.0  # the criterion's --acl-grad-threshold, set in train_step
         self._update_num = 0
+        self._last_model: weakref.ref | None = None  # for build_criterion's check
 
     # ------------------------------------------------------------------ training step
     def train_step(
@@ -251,7 +253,19 @@ class AclSentencePredictionTask(SentencePredictionTask):
         # explain a checkpoint that does not fit before torch's size-mismatch error; a bound
         # method, so that copies of the model (EMA) load into themselves
         model.load_state_dict = types.MethodType(load_state_dict_checked, model)
+        self._last_model = weakref.ref(model)
         return model
+
+    def build_criterion(self, cfg, from_checkpoint=False):
+        """fairseq's ``build_criterion``; a criterion with a ``check_model`` method checks the
+        model just built (fairseq builds the model first), so a criterion/model mismatch
+        stops at set-up instead of at the first training step."""
+        criterion = super().build_criterion(cfg, from_checkpoint)
+        model = self._last_model() if self._last_model is not None else None
+        check_model = getattr(criterion, "check_model", None)
+        if model is not None and check_model is not None:
+            check_model(model)
+        return criterion
 
 
 def _is_head_param(name: str) -> bool:
