@@ -785,7 +785,7 @@ def report(out: Path) -> tuple[str, list[list[Any]], list[list[Any]]]:
     """``(results.md text, results.csv rows, summary.csv rows)`` from the runs in ``out``."""
     results = load_results(out)
     main = main_results(results)
-    md = [f"# Results ({out})", ""]
+    md = [f"# Results ({out.name})", ""]
     if not results:
         md.append("No finished run yet.")
     dev_subset = results[0].get("dev_subset", "valid") if results else "valid"

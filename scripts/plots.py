@@ -488,7 +488,7 @@ def plot_tsne(
                 label=f"{name} (label embedding)",
                 zorder=5,
             )
-        ax.set_title(f"{title}: {run}, {split} ({len(feats)} examples, acc {accuracy:.1f}%)")
+        ax.set_title(f"{title}\n{run}, {split} ({len(feats)} examples, acc {accuracy:.1f}%)")
         ax.set_xticks([])
         ax.set_yticks([])
         ax.legend(fontsize=7, loc="best", markerscale=0.6)
