@@ -80,6 +80,7 @@ TOKENIZER_FILES: tuple[str, ...] = (
     "special_tokens_map.json",
 )
 FAIRSEQ_PADDING_IDX = 1
+DEFAULT_HEAD = "sentence_classification_head"  # fairseq's name of the final head
 FAIRSEQ_LAYER_NORM_EPS = 1e-5
 #: Source keys that carry no information for the fairseq encoder (buffers, tied or NSP weights).
 _IGNORED_KEY_RE = re.compile(
@@ -388,7 +389,7 @@ def bert_state_to_fairseq(
     state: Mapping[str, torch.Tensor],
     spec: ArchSpec,
     fairseq_to_bert: Sequence[int],
-    classification_head: str | None = None,
+    classification_head: str | None = DEFAULT_HEAD,
     num_classes: int | None = None,
 ) -> OrderedDict[str, torch.Tensor]:
     """Map a Hugging Face BERT state dict onto fairseq ``RobertaModel`` parameter names.
@@ -398,9 +399,11 @@ def bert_state_to_fairseq(
         spec: architecture from :func:`arch_from_config`.
         fairseq_to_bert: BERT row of every fairseq embedding row (-1: mean embedding), length
             ``len(dictionary) + 1``.
-        classification_head: if set, add ``classification_heads.NAME`` with ``dense`` from BERT's
-            pooler and ``out_proj`` from ``classifier`` (``BertForSequenceClassification``) or
-            randomly initialised with ``num_classes`` outputs.
+        classification_head: if set (the default, fairseq's head name), add
+            ``classification_heads.NAME`` with ``dense`` from BERT's pooler and ``out_proj`` from
+            ``classifier`` (``BertForSequenceClassification``), else randomly initialised with
+            ``num_classes`` outputs, else with no output yet (0 x C: the pooler alone, which
+            the multi-exit model uses as its final head's ``dense``). None: no head.
 
     Returns:
         float32 state dict that ``RobertaModel.load_state_dict(strict=True)`` accepts: embeddings
@@ -499,15 +502,15 @@ def bert_state_to_fairseq(
     cls_w = get(f"{head_p}classifier.weight", required=False)
     cls_b = get(f"{head_p}classifier.bias", required=False)
     if not classification_head and (pooler_w is not None or cls_w is not None):
-        logger.info(
-            "BERT's pooler/classifier weights are not written (use --classification-head NAME)"
+        logger.info("BERT's pooler/classifier weights are not written (--no-classification-head)")
+    if classification_head and pooler_w is None:
+        logger.warning(
+            "the checkpoint has no pooler (pooler.dense.*): the classification head '%s' is "
+            "not written and starts from fairseq's random initialisation",
+            classification_head,
         )
+        classification_head = None
     if classification_head:
-        if pooler_w is None or pooler_b is None:
-            raise ConversionError(
-                "--classification-head needs BERT's pooler (pooler.dense.*), which this "
-                "checkpoint lacks; omit --classification-head and let fairseq initialise the head"
-            )
         head = f"classification_heads.{classification_head}."
         out[head + "dense.weight"], out[head + "dense.bias"] = pooler_w, pooler_b
         if cls_w is not None and cls_b is not None:
@@ -518,10 +521,11 @@ def bert_state_to_fairseq(
                 )
             out[head + "out_proj.weight"], out[head + "out_proj.bias"] = cls_w, cls_b
         elif num_classes is None:
-            raise ConversionError(
-                "the checkpoint has no classifier.* weights: pass --num-classes N to initialise "
-                "the classification head's out_proj randomly"
-            )
+            # The pretrained pooler alone: an out_proj with no class yet (0 x C). The
+            # multi-exit model keeps the pooler as its final head's dense layer and gives the
+            # head a fresh out_proj with the task's classes (plain RoBERTa drops the head).
+            out[head + "out_proj.weight"] = torch.zeros(0, C)
+            out[head + "out_proj.bias"] = torch.zeros(0)
         else:
             gen = torch.Generator().manual_seed(0)
             out[head + "out_proj.weight"] = torch.randn(num_classes, C, generator=gen) * 0.02
@@ -579,7 +583,7 @@ def build_checkpoint(
 def convert(
     hf_dir: str | Path,
     out_dir: str | Path,
-    classification_head: str | None = None,
+    classification_head: str | None = DEFAULT_HEAD,
     num_classes: int | None = None,
 ) -> dict[str, Any]:
     """Convert ``hf_dir`` into ``out_dir/{model.pt,dict.txt,fairseq_args.txt,...}``.
@@ -654,16 +658,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("hf_dir", type=Path, help="Hugging Face BERT model directory")
     parser.add_argument("out_dir", type=Path, help="output directory (created if missing)")
-    parser.add_argument(
+    head = parser.add_mutually_exclusive_group()
+    head.add_argument(
         "--classification-head",
         metavar="NAME",
-        help="also write classification_heads.NAME initialised from BERT's pooler (dense) and "
-        "classifier (out_proj) (fairseq's default name is sentence_classification_head)",
+        default=DEFAULT_HEAD,
+        help="write classification_heads.NAME initialised from BERT's pooler (dense) and, when "
+        "the checkpoint has one, its classifier (out_proj); without a classifier and without "
+        "--num-classes only the pooler is written and the multi-exit model gives the head a "
+        "fresh out_proj (default: %(default)s, fairseq's head name)",
+    )
+    head.add_argument(
+        "--no-classification-head",
+        dest="classification_head",
+        action="store_const",
+        const=None,
+        help="write no classification head: the final head starts from fairseq's random "
+        "initialisation",
     )
     parser.add_argument(
         "--num-classes",
         type=int,
-        help="outputs of --classification-head when the checkpoint has no classifier.* weights",
+        help="outputs of the classification head's out_proj when the checkpoint has no "
+        "classifier.* weights (random init); default: none, the task adds them",
     )
     parser.add_argument("--quiet", action="store_true", help="only log warnings")
     args = parser.parse_args(argv)

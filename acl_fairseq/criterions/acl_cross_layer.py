@@ -3,7 +3,14 @@
 For every shallow exit ``m``: ``CE_m + lambda_cl * ACL-CL_m`` with the last exit ``M`` as
 teacher (SupCon over the student's N features and K label embeddings plus the teacher's,
 teacher detached: 2N + 2K vectors). For the last exit: ``CE_M + lambda * ACL-Embed_M``. The
-per-exit losses are weighted as in ``multi_exit_ce`` (``--exit-weighting``).
+per-exit CE losses are weighted as in ``multi_exit_ce`` (``--exit-weighting``), the
+contrastive terms by ``--cross-layer-weighting`` (the same weights by default).
+
+The teacher is the model's own last exit (``live``, the default): its features and label
+embeddings as they are in this forward pass, detached. With ``--frozen-teacher PATH`` it is a
+frozen snapshot instead, as in the paper (an already-trained last exit): the model of the
+checkpoint at ``PATH`` (normally stage 1's ``checkpoint_best.pt``), in eval mode (no dropout),
+loaded from ``PATH`` at the first forward pass, so a resumed run has the same teacher.
 
 ACL-Grad (on by default) decides once per update on the *total* CE gradient versus the
 *total* contrastive gradient: deciding per exit would cost one extra backward pass per exit
@@ -11,18 +18,29 @@ ACL-Grad (on by default) decides once per update on the *total* CE gradient vers
 conflict.
 """
 
+import copy
+import logging
+import os
 from dataclasses import dataclass, field
+from typing import Any
 
+import torch
 from fairseq.criterions import register_criterion
-from torch import Tensor
+from fairseq.dataclass import ChoiceEnum
+from torch import Tensor, nn
 
 from ..losses import acl_embed_loss, cross_layer_loss
+from ..models.multi_exit_roberta import ExitOutput
 from .contrastive_sentence_prediction import (
     ACL_GRAD_SCOPE,
     ACL_GRAD_SCOPE_HELP,
     validate_contrastive_config,
 )
-from .multi_exit_ce import MultiExitCeConfig, MultiExitCeCriterion
+from .multi_exit_ce import MultiExitCeConfig, MultiExitCeCriterion, exit_weights
+
+logger = logging.getLogger(__name__)
+
+CROSS_LAYER_WEIGHTING = ChoiceEnum(["exit", "layer", "uniform"])
 
 
 @dataclass
@@ -53,6 +71,21 @@ class AclCrossLayerConfig(MultiExitCeConfig):
         default=False,
         metadata={"help": "turn ACL-Grad off: always keep the contrastive terms"},
     )
+    cross_layer_weighting: CROSS_LAYER_WEIGHTING = field(  # type: ignore[valid-type]
+        default="exit",
+        metadata={
+            "help": "weights of the exits' contrastive terms: 'exit' (those of --exit-weighting), "
+            "'layer' (proportional to the layer index, PABEE) or 'uniform'; normalised to 1"
+        },
+    )
+    frozen_teacher: str = field(
+        default="",
+        metadata={
+            "help": "ACL-CL teacher: empty for the live last exit (detached); else the path of a "
+            "checkpoint (normally stage 1's checkpoint_best.pt) whose model, frozen and in eval "
+            "mode, gives the last-exit features and label embeddings the shallow exits learn from"
+        },
+    )
 
 
 @register_criterion("acl_cross_layer", dataclass=AclCrossLayerConfig)
@@ -75,9 +108,56 @@ class AclCrossLayerCriterion(MultiExitCeCriterion):
             )
         self.grad_align_threshold = cfg.acl_grad_threshold if self.use_acl_grad else None
         self.grad_align_scope = str(cfg.acl_grad_scope)
+        self.cross_layer_weighting = str(cfg.cross_layer_weighting)
+        self.frozen_teacher_path = cfg.frozen_teacher
+        if self.frozen_teacher_path and not os.path.isfile(self.frozen_teacher_path):
+            raise ValueError(
+                f"--frozen-teacher {self.frozen_teacher_path}: no such file; pass the stage-1 "
+                "checkpoint (e.g. checkpoints/stage1/checkpoint_best.pt) or leave the flag out "
+                "for the live teacher"
+            )
+        # Not a submodule: the snapshot is neither trained, nor saved with the criterion.
+        self._teacher: list[nn.Module] = []
 
-    def contrastive_terms(self, outputs, targets: Tensor) -> list[Tensor]:
-        teacher = outputs[-1]
+    def contrastive_weights(self, layers: list[int]) -> list[float]:
+        if self.cross_layer_weighting == "exit":
+            return super().contrastive_weights(layers)
+        return exit_weights(layers, self.cross_layer_weighting)
+
+    def frozen_teacher(self, model: nn.Module) -> nn.Module:
+        """The eval-mode copy of ``model`` with the weights of ``--frozen-teacher``."""
+        if not self._teacher:
+            from fairseq import checkpoint_utils
+
+            state = checkpoint_utils.load_checkpoint_to_cpu(self.frozen_teacher_path)["model"]
+            key = f"classification_heads.{self.classification_head_name}.out_proj.weight"
+            head = model.classification_heads[self.classification_head_name]
+            if key not in state or state[key].shape != head.out_proj.weight.shape:
+                raise ValueError(
+                    f"--frozen-teacher {self.frozen_teacher_path} has no trained head "
+                    f"'{self.classification_head_name}' with {head.out_proj.out_features} "
+                    "classes: pass a checkpoint fine-tuned on this task (stage 1)"
+                )
+            while isinstance(getattr(model, "module", None), nn.Module):
+                model = model.module  # unwrap fairseq's distributed wrappers
+            teacher = copy.deepcopy(model)
+            teacher.load_state_dict(state, strict=True)
+            teacher.eval().requires_grad_(False)
+            logger.info(f"ACL-CL teacher: frozen snapshot of {self.frozen_teacher_path}")
+            self._teacher.append(teacher)
+        return self._teacher[0]
+
+    def teacher_output(self, model: nn.Module, sample: dict[str, Any], outputs) -> ExitOutput:
+        """The last exit the shallow exits learn from: the live one, or the frozen snapshot's."""
+        if not self.frozen_teacher_path:
+            return outputs[-1]
+        with torch.no_grad():
+            return self.frozen_teacher(model).final_exit_output(
+                sample["net_input"]["src_tokens"], self.classification_head_name
+            )
+
+    def contrastive_terms(self, model, sample, outputs, targets: Tensor) -> list[Tensor]:
+        teacher = self.teacher_output(model, sample, outputs)
         terms = []
         for o in outputs[:-1]:
             terms.append(
@@ -93,6 +173,8 @@ class AclCrossLayerCriterion(MultiExitCeCriterion):
             )
         terms.append(
             self.contrastive_lambda
-            * acl_embed_loss(teacher.features, targets, teacher.label_embeddings, self.temperature)
+            * acl_embed_loss(
+                outputs[-1].features, targets, outputs[-1].label_embeddings, self.temperature
+            )
         )
         return terms

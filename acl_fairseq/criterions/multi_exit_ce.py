@@ -72,9 +72,15 @@ class MultiExitCeCriterion(LossTermsCriterion):
             **sample["net_input"], classification_head_name=self.classification_head_name
         )
 
-    def contrastive_terms(self, outputs, targets: Tensor) -> list[Tensor] | None:
+    def contrastive_terms(
+        self, model: nn.Module, sample: dict[str, Any], outputs, targets: Tensor
+    ) -> list[Tensor] | None:
         """Per-exit mean contrastive losses, already weighted by their lambda; None if none."""
         return None
+
+    def contrastive_weights(self, layers: list[int]) -> list[float]:
+        """Normalised weight of each exit's contrastive term (those of the CE terms here)."""
+        return exit_weights(layers, self.exit_weighting)
 
     def loss_terms(self, model: nn.Module, sample: dict[str, Any]) -> LossTerms:
         outputs = self.exit_outputs(model, sample)
@@ -87,11 +93,12 @@ class MultiExitCeCriterion(LossTermsCriterion):
             for o in outputs
         ]
         ce_loss = sum(w * ce for w, ce in zip(weights, ce_per_exit))
-        contrastive = self.contrastive_terms(outputs, targets)
+        contrastive = self.contrastive_terms(model, sample, outputs, targets)
         if contrastive is None:
             contrastive_loss = final_logits.sum() * 0.0
         else:
-            contrastive_loss = sample_size * sum(w * c for w, c in zip(weights, contrastive))
+            c_weights = self.contrastive_weights([o.layer for o in outputs])
+            contrastive_loss = sample_size * sum(w * c for w, c in zip(c_weights, contrastive))
         logging_output = self.terms_logging_output(
             model, sample, ce_loss, contrastive_loss, final_logits, targets
         )

@@ -353,6 +353,15 @@ class MultiExitRobertaModel(RobertaModel):
             outputs.append(ExitOutput(layer, logits, pooled, head.out_proj.weight))
         return outputs
 
+    def final_exit_output(
+        self, src_tokens: Tensor, classification_head_name: str = DEFAULT_HEAD_NAME
+    ) -> ExitOutput:
+        """The last exit alone (B x T ``src_tokens``), without the shallow exits' work."""
+        head = self.classification_heads[classification_head_name]
+        features, _ = self.encoder(src_tokens, features_only=True)  # B x T x C
+        logits, pooled = head.forward_with_features(features, self._padding_mask(src_tokens))
+        return ExitOutput(self.num_layers, logits, pooled, head.out_proj.weight)
+
     @torch.no_grad()
     def early_exit(
         self,
@@ -454,6 +463,12 @@ class MultiExitRobertaModel(RobertaModel):
             ):
                 exit_of[head] = (match["base"], int(match["layer"]))
 
+        for head in sorted(ckpt_heads - set(exit_of)):
+            if state_dict[f"{heads_prefix}{head}.out_proj.weight"].size(0) == 0:
+                self._take_pretrained_pooler(state_dict, heads_prefix, head)
+        ckpt_heads = {
+            k[len(heads_prefix) :].split(".")[0] for k in state_dict if k.startswith(heads_prefix)
+        }
         if safe_getattr(self.args, "load_checkpoint_heads", False):
             for head in sorted(ckpt_heads - set(exit_of)):
                 if head not in self.classification_heads:
@@ -471,6 +486,25 @@ class MultiExitRobertaModel(RobertaModel):
                 for k in [k for k in state_dict if k.startswith(f"{heads_prefix}{head}.")]:
                     del state_dict[k]
         super().upgrade_state_dict_named(state_dict, name)
+
+    def _take_pretrained_pooler(
+        self, state_dict: dict[str, Tensor], heads_prefix: str, head: str
+    ) -> None:
+        """A checkpoint head with no class (``out_proj`` 0 x C) is a pretrained pooler, as
+        the BERT converter writes it: it becomes the ``dense`` layer of this model's final
+        head ``head`` (whose ``out_proj`` keeps its fresh initialisation); shallow exit heads
+        keep theirs. Without such a head, or with another width, it is dropped."""
+        key = f"{heads_prefix}{head}."
+        mine = self.classification_heads[head] if head in self.classification_heads else None
+        dense = state_dict[key + "dense.weight"]
+        if mine is not None and mine.dense.weight.shape == dense.shape:
+            logger.info(f"classification head {head}: dense layer from the pretrained pooler")
+            state_dict[key + "out_proj.weight"] = mine.out_proj.weight.detach().clone()
+            state_dict[key + "out_proj.bias"] = mine.out_proj.bias.detach().clone()
+            return
+        logger.info(f"dropping the pretrained pooler {head}: this model has no such head")
+        for k in [k for k in state_dict if k.startswith(key)]:
+            del state_dict[k]
 
 
 def _trim_trailing_padding(x: Tensor, padding_mask: Tensor) -> tuple[Tensor, Tensor]:

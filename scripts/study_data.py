@@ -1,0 +1,159 @@
+#!/usr/bin/env python
+"""Data of the converged study (docs/results.md): the movie-review sentences with all the
+labelled training data, the sentence-pair task, and the few-shot subsets.
+
+Every split is fixed and reproducible:
+
+* ``movie``: the demo's Rotten Tomatoes sentences, shuffled as the demo shuffles them; dev and
+  test are exactly the demo's (600 and 2,000 sentences after the demo's first 1,600), train is
+  every other labelled sentence (the demo's 1,600 plus the rest: 7,968).
+* ``pair``: ``vitaminc_pairs_10k.tsv`` (evidence, claim, label True/False/Neither; already
+  shuffled), rows 1-6,000 train, 6,001-7,000 dev, 7,001-10,000 test.
+* ``fewshot``: for each size k and seed s, k training sentences per class drawn from the movie
+  train split (seeded by s), with the movie dev and test splits.
+
+Usage::
+
+    python scripts/study_data.py --work-dir study_work \
+        --pair-tsv ../shared/data/vitaminc_pairs_10k.tsv
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import demo  # noqa: E402
+import prepare_glue  # noqa: E402
+
+DEMO_TRAIN, DEV, TEST = 1600, 600, 2000
+PAIR_SPLITS = {"train": (0, 6000), "dev": (6000, 7000), "test": (7000, 10000)}
+FEWSHOT_SIZES = (16, 64, 256, 1024)
+FEWSHOT_SEEDS = (1, 2, 3, 4, 5)
+
+
+def movie_rows(snippets: Path) -> list[tuple[str, str]]:
+    """(text, label) of every non-zero-score sentence, in the demo's shuffled order."""
+    rows = []
+    for line in snippets.read_text(encoding="utf-8", errors="replace").splitlines():
+        parts = line.split("\t")
+        if len(parts) < 3 or not parts[2].strip():
+            continue
+        score = float(parts[1])
+        if score != 0:
+            rows.append((parts[2].strip(), "positive" if score > 0 else "negative"))
+    random.Random(0).shuffle(rows)
+    return rows
+
+
+def movie_splits(rows: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """The demo's dev and test; train = every other sentence."""
+    dev_end = DEMO_TRAIN + DEV
+    return {
+        "train": rows[:DEMO_TRAIN] + rows[dev_end + TEST :],
+        "dev": rows[DEMO_TRAIN:dev_end],
+        "test": rows[dev_end : dev_end + TEST],
+    }
+
+
+def fewshot_train(
+    train: list[tuple[str, str]], per_class: int, seed: int
+) -> list[tuple[str, str]]:
+    """``per_class`` sentences of each label drawn with ``seed``, in a shuffled order."""
+    rng = random.Random(seed)
+    chosen: list[tuple[str, str]] = []
+    for label in sorted({label for _, label in train}):
+        pool = [row for row in train if row[1] == label]
+        if per_class > len(pool):
+            raise SystemExit(f"{per_class} sentences per class asked, {label} has {len(pool)}")
+        chosen += rng.sample(pool, per_class)
+    rng.shuffle(chosen)
+    return chosen
+
+
+def write_tsv(path: Path, rows: list[tuple[str, ...]]) -> None:
+    """Plain TSV, no quoting (as GLUE's files and prepare_glue.py read them)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for row in rows:
+            if any("\t" in field or "\n" in field for field in row):
+                raise ValueError(f"a tab or newline inside a field: {row!r}")
+            f.write("\t".join(row) + "\n")
+
+
+def binarize(raw: Path, name: str, model_dir: Path, out: Path, text_columns: str) -> Path:
+    data = out / f"{name}-bin"
+    if (data / "label" / "dict.txt").exists():
+        return data
+    code = prepare_glue.main(
+        [
+            "--task", "custom", "--name", name, "--out-dir", str(out),
+            "--train", str(raw / "train.tsv"), "--valid", str(raw / "dev.tsv"),
+            "--test", str(raw / "test.tsv"), "--text-columns", text_columns,
+            "--label-column", str(len(text_columns.split(",")) + 1),
+            "--tokenizer", "wordpiece", "--vocab", str(model_dir / "tokenizer.json"),
+            "--srcdict", str(model_dir / "dict.txt"), "--workers", "2",
+        ]
+    )  # fmt: skip
+    if code:
+        raise SystemExit(f"data preparation of {name} failed ({code})")
+    return data
+
+
+def pair_splits(tsv: Path) -> dict[str, list[tuple[str, str, str]]]:
+    lines = tsv.read_text(encoding="utf-8").split("\n")
+    if lines[0].split("\t")[:3] != ["evidence", "claim", "label"]:
+        raise SystemExit(f"{tsv}: expected the header evidence<TAB>claim<TAB>label")
+    rows = [tuple(line.split("\t")[:3]) for line in lines[1:] if line]
+    if len(rows) < PAIR_SPLITS["test"][1]:
+        raise SystemExit(f"{tsv}: {len(rows)} rows, expected {PAIR_SPLITS['test'][1]}")
+    return {name: rows[a:b] for name, (a, b) in PAIR_SPLITS.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--work-dir", type=Path, default=REPO / "study_work")
+    p.add_argument("--pair-tsv", type=Path, help="vitaminc_pairs_10k.tsv (skip the pair task)")
+    p.add_argument("--no-fewshot", action="store_true", help="skip the few-shot subsets")
+    args = p.parse_args(argv)
+    work = args.work_dir
+    work.mkdir(parents=True, exist_ok=True)
+
+    hf_dir, snippets = demo.fetch_assets(work)
+    model_dir = demo.convert_model(hf_dir, work)
+    data = work / "data"
+
+    movie = movie_splits(movie_rows(snippets))
+    raw = work / "raw" / "movie"
+    for split, rows in movie.items():
+        write_tsv(raw / f"{split}.tsv", rows)
+    print({k: len(v) for k, v in movie.items()})
+    binarize(raw, "movie", model_dir, data, "1")
+
+    if args.pair_tsv:
+        raw = work / "raw" / "pair"
+        for split, rows in pair_splits(args.pair_tsv).items():
+            write_tsv(raw / f"{split}.tsv", rows)
+        binarize(raw, "pair", model_dir, data, "1,2")
+
+    if not args.no_fewshot:
+        for k in FEWSHOT_SIZES:
+            for seed in FEWSHOT_SEEDS:
+                name = f"fewshot{k}-s{seed}"
+                raw = work / "raw" / name
+                write_tsv(raw / "train.tsv", fewshot_train(movie["train"], k, seed))
+                for split in ("dev", "test"):
+                    shutil.copyfile(work / "raw" / "movie" / f"{split}.tsv", raw / f"{split}.tsv")
+                binarize(raw, name, model_dir, data, "1")
+    print(f"data in {data}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
