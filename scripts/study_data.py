@@ -62,9 +62,7 @@ def movie_splits(rows: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]
     }
 
 
-def fewshot_train(
-    train: list[tuple[str, str]], per_class: int, seed: int
-) -> list[tuple[str, str]]:
+def fewshot_train(train: list[tuple[str, str]], per_class: int, seed: int) -> list[tuple[str, str]]:
     """``per_class`` sentences of each label drawn with ``seed``, in a shuffled order."""
     rng = random.Random(seed)
     chosen: list[tuple[str, str]] = []

@@ -86,8 +86,11 @@ def _tiny_bert_dir(
     return root
 
 
-def _fairseq_setup(out_dir: Path, work: Path, num_classes: int = 3, extra: tuple = ()):
-    """Parse args, set up the sentence_prediction task and build the model like fairseq-train."""
+def _fairseq_setup(
+    out_dir: Path, work: Path, num_classes: int = 3, extra: tuple = (), multi_exit: bool = False
+):
+    """Parse args, set up the sentence_prediction task and build the model like fairseq-train
+    (``multi_exit``: the plugin's task and the multi-exit variant of the converted arch)."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -97,10 +100,16 @@ def _fairseq_setup(out_dir: Path, work: Path, num_classes: int = 3, extra: tuple
     shutil.copyfile(out_dir / "dict.txt", data / "input0" / "dict.txt")
     (data / "label" / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(num_classes)))
     flags = (out_dir / "fairseq_args.txt").read_text().split()
+    task = "sentence_prediction"
+    if multi_exit:
+        import acl_fairseq  # noqa: F401  (registers the task and the arch)
+
+        flags[flags.index("--arch") + 1] = "multi_exit_roberta"
+        task = "acl_sentence_prediction"
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
-        [str(data), "--task", "sentence_prediction", "--criterion", "sentence_prediction"]
+        [str(data), "--task", task, "--criterion", "sentence_prediction"]
         + ["--num-classes", str(num_classes), "--cpu", *flags, *extra],
     )
     cfg = convert_namespace_to_omegaconf(args)
@@ -228,6 +237,40 @@ def test_classification_head_from_sequence_classifier(tmp_path: Path) -> None:
         hf_logits = hf_model(input_ids=ids, attention_mask=mask).logits  # (B, 3)
         fs_logits, _ = model(fs_ids, features_only=True, classification_head_name=head)
     assert (hf_logits - fs_logits).abs().max().item() < TINY_TOL
+
+
+def test_pretrained_pooler_initialises_the_final_head_by_default(tmp_path: Path) -> None:
+    """Default conversion: BERT's pooler becomes the dense layer of the multi-exit model's final
+    head, whose out_proj is new (K classes); shallow exit heads start fresh; plain RoBERTa drops
+    the pooler (fairseq's own rule for a head of other dimensions) and still loads strictly."""
+    from fairseq import checkpoint_utils
+
+    hf_dir = _tiny_bert_dir(tmp_path / "hf", "BertModel")
+    cv.convert(hf_dir, tmp_path / "out")
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "out" / "model.pt"))["model"]
+    head = "classification_heads.sentence_classification_head."
+    assert state[head + "out_proj.weight"].shape == (0, 32)
+    pooler = cv.load_hf_state_dict(hf_dir)["pooler.dense.weight"].float()
+
+    extra = ("--exit-pooling", "mean")
+    cfg, _, model = _fairseq_setup(tmp_path / "out", tmp_path, 3, extra, multi_exit=True)
+    fresh_out_proj = model.classification_heads["sentence_classification_head"].out_proj.weight
+    fresh_out_proj = fresh_out_proj.detach().clone()
+    model.load_state_dict(dict(state), strict=True, model_cfg=cfg.model)
+    final = model.classification_heads["sentence_classification_head"]
+    assert torch.equal(final.dense.weight, pooler)
+    assert torch.equal(final.out_proj.weight, fresh_out_proj) and final.out_proj.out_features == 3
+    shallow = model.classification_heads["sentence_classification_head_exit1"]
+    assert not torch.equal(shallow.dense.weight, pooler)
+
+    cfg, _, plain = _fairseq_setup(tmp_path / "out", tmp_path / "plain", 3)
+    plain.load_state_dict(dict(state), strict=True, model_cfg=cfg.model)
+    assert not torch.equal(plain.classification_heads["sentence_classification_head"].dense.weight,
+                           pooler)  # fmt: skip
+
+    cv.convert(hf_dir, tmp_path / "none", classification_head=None)
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "none" / "model.pt"))["model"]
+    assert not any(k.startswith("classification_heads.") for k in state)
 
 
 def test_restore_through_trainer_and_hub_loader(tmp_path: Path) -> None:

@@ -117,6 +117,87 @@ def test_acl_cross_layer_teacher_gets_no_cross_layer_gradient(data_dir):
     assert torch.count_nonzero(shallow.out_proj.weight.grad) > 0
 
 
+def save_checkpoint(model_state: dict, path) -> None:
+    """The fields of a fairseq checkpoint that ``load_checkpoint_to_cpu`` reads."""
+    history = [{"criterion_name": "x", "optimizer_name": "adam", "lr_scheduler_state": {},
+                "num_updates": 0}]  # fmt: skip
+    torch.save(
+        {"model": model_state, "optimizer_history": history, "extra_state": {}, "cfg": None}, path
+    )
+
+
+def _cross_layer_reference(outs, teacher, y, w_con, lam, lam_cl, tau):
+    """sum_l w_l * lambda_cl * SupCon(student_l + teacher) + w_L * lambda * ACL-Embed(last)."""
+    ref = 0.0
+    for wi, o in zip(w_con[:-1], outs[:-1]):
+        vectors = list(o.features) + list(o.label_embeddings) + list(teacher.features)
+        vectors += list(teacher.label_embeddings)
+        labels = y.tolist() + list(range(NUM_CLASSES)) + y.tolist() + list(range(NUM_CLASSES))
+        ref += wi * lam_cl * naive_supcon(vectors, labels, tau)
+    last = outs[-1]
+    return ref + w_con[-1] * lam * naive_with_labels(last.features, last.label_embeddings, y, tau)
+
+
+def test_acl_cross_layer_frozen_teacher_and_uniform_contrastive_weights(data_dir, tmp_path):
+    """--frozen-teacher: the targets come from the checkpoint's model in eval mode (here a
+    model with other weights than the live one, so a live teacher would give another loss);
+    --cross-layer-weighting uniform weights the contrastive terms 1/3 while CE keeps 1:2:3."""
+    lam, lam_cl, tau = 0.7, 0.4, 0.25
+    _, snapshot, _ = build(data_dir, ["--criterion", "acl_cross_layer", "--seed", "9"])
+    with torch.no_grad():
+        for p in snapshot.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    path = tmp_path / "stage1.pt"
+    save_checkpoint(snapshot.state_dict(), path)
+    _, model, crit = build(
+        data_dir,
+        ["--criterion", "acl_cross_layer", "--contrastive-lambda", str(lam),
+         "--cross-layer-lambda", str(lam_cl), "--temperature", str(tau),
+         "--cross-layer-weighting", "uniform", "--frozen-teacher", str(path)],
+    )  # fmt: skip
+    model.eval()
+    s = sample()
+    ce, con, _, _ = crit.loss_terms(model, s)
+    tokens, y = s["net_input"]["src_tokens"], s["target"]
+    outs = model.exit_outputs(tokens)
+    snapshot.eval()
+    teacher = snapshot.exit_outputs(tokens)[-1]
+    w_ce = [1 / 6, 2 / 6, 3 / 6]
+    ref_ce = sum(wi * F.cross_entropy(o.logits, y, reduction="sum") for wi, o in zip(w_ce, outs))
+    ref_con = _cross_layer_reference(outs, teacher, y, [1 / 3] * 3, lam, lam_cl, tau)
+    live_con = _cross_layer_reference(outs, outs[-1], y, [1 / 3] * 3, lam, lam_cl, tau)
+    assert ce.item() == pytest.approx(ref_ce.item(), rel=1e-5)
+    assert con.item() == pytest.approx(6 * ref_con.item(), rel=1e-4)
+    assert abs(con.item() - 6 * live_con.item()) > 1e-3
+
+    # the snapshot is frozen, in eval mode, not a parameter of the criterion, and stays put
+    model.train()
+    frozen = crit.frozen_teacher(model)
+    assert not frozen.training and not any(p.requires_grad for p in frozen.parameters())
+    assert list(crit.parameters()) == []
+    _, con, _, _ = crit.loss_terms(model, s)
+    con.backward()
+    assert all(p.grad is None for p in frozen.parameters())
+    for name, p in frozen.state_dict().items():
+        assert torch.equal(p, snapshot.state_dict()[name])
+
+
+def test_acl_cross_layer_frozen_teacher_errors_name_the_flag(data_dir, tmp_path):
+    with pytest.raises(ValueError, match="--frozen-teacher .*no such file"):
+        build(data_dir, ["--criterion", "acl_cross_layer", "--frozen-teacher", "missing.pt"])
+    _, untrained, _ = build(data_dir, ["--criterion", "acl_cross_layer"])
+    state = {
+        k: v for k, v in untrained.state_dict().items() if "sentence_classification_head." not in k
+    }
+    save_checkpoint(state, tmp_path / "no_head.pt")
+    _, model, crit = build(
+        data_dir,
+        ["--criterion", "acl_cross_layer", "--frozen-teacher", str(tmp_path / "no_head.pt")],
+    )
+    with pytest.raises(ValueError, match="has no trained head"):
+        crit.loss_terms(model, sample())
+
+
 def test_multi_exit_ce_is_weighted_ce(data_dir):
     _, model, crit = build(data_dir, ["--criterion", "multi_exit_ce"])
     model.eval()
