@@ -268,11 +268,30 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
     return value
 
 
-def total_updates(opts: argparse.Namespace) -> int:
+def run_epochs(run: Run | None, opts: argparse.Namespace) -> int:
+    """Epochs of a run: ``--stage2-epochs`` for the multi-exit (stage-2) runs, else ``--epochs``."""
+    if run is not None and run.multi_exit and opts.stage2_epochs:
+        return opts.stage2_epochs
+    return opts.epochs
+
+
+def run_extra_args(run: Run, opts: argparse.Namespace) -> list[str]:
+    """``--extra`` of a run; stage-2 runs with ``--stage2-epochs`` drop ``--patience``
+    (a fixed budget, equal for both multi-exit methods)."""
+    args = list(opts.extra_args)
+    if run.multi_exit and opts.stage2_epochs:
+        while "--patience" in args:
+            i = args.index("--patience")
+            del args[i : i + 2]
+        args = [a for a in args if not a.startswith("--patience=")]
+    return args
+
+
+def total_updates(opts: argparse.Namespace, run: Run | None = None) -> int:
     """Optimizer updates of one run (for the polynomial schedule and the progress)."""
     update_freq = int((_flag_value(opts.extra_args, "--update-freq") or "1").split(",")[0])
     batches = math.ceil(opts.n_train / opts.batch_size)
-    updates = opts.epochs * math.ceil(batches / update_freq)
+    updates = run_epochs(run, opts) * math.ceil(batches / update_freq)
     if opts.max_update:
         updates = min(updates, opts.max_update)
     return max(1, updates)
@@ -295,13 +314,22 @@ def method_flags(run: Run, opts: argparse.Namespace) -> list[str]:
             "--criterion", "acl_embed", "--contrastive-lambda", lam, "--temperature", temperature,
             "--acl-grad-threshold", threshold, "--exit-layers", "none",
         ]  # fmt: skip
+    if opts.exit_weighting:
+        exit_layers += ["--exit-weighting", opts.exit_weighting]
     if run.method == "multi_exit_joint":
         return ["--criterion", "multi_exit_ce", *exit_layers]
     if run.method == "acl_cl":
+        variant = []
+        if opts.cross_layer_weighting != "exit":
+            variant += ["--cross-layer-weighting", opts.cross_layer_weighting]
+        if opts.acl_cl_teacher == "frozen":
+            assert run.stage1 is not None
+            stage1_best = opts.out / "runs" / run.stage1.name / "checkpoint_best.pt"
+            variant += ["--frozen-teacher", str(stage1_best)]
         return [
             "--criterion", "acl_cross_layer", "--contrastive-lambda", lam,
             "--cross-layer-lambda", f"{opts.cross_layer_lambda:g}", "--temperature", temperature,
-            "--acl-grad-threshold", threshold, *exit_layers,
+            "--acl-grad-threshold", threshold, *exit_layers, *variant,
         ]  # fmt: skip
     raise ValueError(run.method)
 
@@ -316,7 +344,7 @@ def grad_threshold(run: Run, opts: argparse.Namespace) -> float | None:
 
 
 def train_command(run: Run, opts: argparse.Namespace, run_dir: Path) -> list[str]:
-    updates = total_updates(opts)
+    updates = total_updates(opts, run)
     if run.stage1 is not None:
         restore = [str(opts.out / "runs" / run.stage1.name / "checkpoint_best.pt")]
     elif opts.restore_file.lower() == "none":
@@ -334,7 +362,7 @@ def train_command(run: Run, opts: argparse.Namespace, run_dir: Path) -> list[str
         "--num-classes", str(opts.num_classes), "--init-token", "0",
         *(["--separator-token", "2"] if (opts.data / "input1").is_dir() else []),
         "--batch-size", str(opts.batch_size), "--required-batch-size-multiple", "1",
-        "--max-epoch", str(opts.epochs),
+        "--max-epoch", str(run_epochs(run, opts)),
         *(["--max-update", str(opts.max_update)] if opts.max_update else []),
         "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6",
         "--weight-decay", "0.1", "--lr", f"{opts.lr:g}", "--lr-scheduler", "polynomial_decay",
@@ -347,8 +375,11 @@ def train_command(run: Run, opts: argparse.Namespace, run_dir: Path) -> list[str
         *(["--cpu"] if opts.cpu else []), "--num-workers", "0",
         "--log-format", "json", "--log-interval", str(opts.log_interval),
         "--validate-interval-updates", str(validate_every),
+        # fairseq saves checkpoint_best.pt only where it saves: at every validation, so the
+        # best checkpoint is the best dev record (the interval copies are deleted after training)
+        "--save-interval-updates", str(validate_every), "--keep-interval-updates", "1",
         "--acl-grad-log", str(run_dir / "angles.tsv"),
-        *opts.extra_args,
+        *run_extra_args(run, opts),
     ]  # fmt: skip
     return cmd
 
@@ -428,6 +459,19 @@ def test_metrics(output: str, subset: str = "test") -> dict[str, float]:
     if not records:
         raise ValueError(f"fairseq-validate printed no {subset}_accuracy")
     return _numbers(records[-1], f"{subset}_")
+
+
+def check_best_checkpoint(best: Path, dev: dict[str, float]) -> None:
+    """Stops unless ``best`` was saved at the update of the best dev record."""
+    import torch
+
+    state = torch.load(best, map_location="cpu", weights_only=False, mmap=True)
+    saved = state["optimizer_history"][-1]["num_updates"]
+    if "num_updates" in dev and int(dev["num_updates"]) != int(saved):
+        raise RunFailed(
+            f"{best} was saved at update {saved}, but the best dev accuracy was at update "
+            f"{int(dev['num_updates'])}: the checkpoint does not match the dev record"
+        )
 
 
 def read_angles(path: Path) -> list[tuple[int, float, int]]:
@@ -578,7 +622,7 @@ def execute(
             stage1_best = opts.out / "runs" / run.stage1.name / "checkpoint_best.pt"
             if not stage1_best.exists():
                 raise RunFailed(f"{run.name} restores {stage1_best}, which does not exist")
-        updates = total_updates(opts)
+        updates = total_updates(opts, run)
         print(
             f"{tag}: training {updates} updates; {progress.elapsed()}, {progress.eta(remaining)}",
             flush=True,
@@ -632,9 +676,12 @@ def execute(
                 f"training {run.name} failed (exit {code}); {run_dir / 'train.log'}:\n"
                 + _tail(run_dir / "train.log")
             )
+        for interval_copy in run_dir.glob("checkpoint_*_*.pt"):
+            interval_copy.unlink()
         (run_dir / "train.done").write_text("", encoding="utf-8")
 
     dev = best_dev((run_dir / "train.log").read_text(encoding="utf-8"), opts.dev_subset)
+    check_best_checkpoint(best, dev)
     code = stream(validate_command(opts, best), run_dir / "test.log")
     if code != 0:
         raise RunFailed(
@@ -1003,6 +1050,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--contrastive-lambda", type=float, default=0.5, help="lambda of ce_scl, acl, acl_cl"
     )
     p.add_argument("--cross-layer-lambda", type=float, default=0.5, help="acl_cl's lambda_cl")
+    p.add_argument(
+        "--acl-cl-teacher",
+        choices=("live", "frozen"),
+        default="live",
+        help="acl_cl's teacher: the live last exit, or a frozen snapshot of its stage-1 run's "
+        "best checkpoint (--frozen-teacher)",
+    )
+    p.add_argument(
+        "--cross-layer-weighting",
+        choices=("exit", "layer", "uniform"),
+        default="exit",
+        help="acl_cl's weights of the exits' contrastive terms (exit: those of the CE terms)",
+    )
+    p.add_argument(
+        "--exit-weighting",
+        choices=("layer", "uniform"),
+        help="weights of the exits' CE terms of both multi-exit methods (default: the "
+        "criterions' own, layer)",
+    )
+    p.add_argument(
+        "--stage2-epochs",
+        type=int,
+        help="epochs of the multi-exit (stage-2) runs, default --epochs; stage 2 trains this "
+        "fixed budget for both multi-exit methods: a --patience in --extra applies to stage 1 only",
+    )
     p.add_argument("--temperature", type=float, default=0.3, help="of the contrastive losses")
     p.add_argument(
         "--acl-grad-threshold", type=float, default=90.0, help="ACL-Grad of acl and acl_cl"

@@ -1,0 +1,270 @@
+#!/usr/bin/env python
+"""The converged study of docs/results.md, phase by phase, resumable.
+
+Every phase runs ``scripts/compare.py`` (resumable: a finished run is never trained again) into
+``WORK/runs/<task>/...``, and every choice is made on dev and written to
+``WORK/runs/<task>/choices.json`` with all the dev scores it was made from; test accuracy is
+only reported. The data comes from ``scripts/study_data.py`` (same ``--work-dir``).
+
+Protocol (each stage): MiniLM-L6, mean pooling, batch 32, Adam (0.9, 0.98), weight decay 0.1,
+6% warm-up then linear decay over the epoch cap, validation 4 times per epoch, the checkpoint
+with the best dev accuracy kept, training stopped after a full epoch without a better dev
+accuracy (``--patience 4``). Stage 2 (multi-exit) trains a fixed budget, the same for joint CE
+and ACL-CL.
+
+Phases (``TASK`` is ``movie`` or ``pair``)::
+
+    TASK-lr        CE, seed 1, learning rates LRS; chooses the shared learning rate
+    TASK-grid      CE+SCL (without angle measurement) and ACL, seed 1, every (lambda, tau) of GRID
+    TASK-seeds     CE, CE+SCL (angles measured) and ACL at the chosen values, SEEDS
+    movie-variants ACL-CL variants (teacher, weighting, lambda_cl) on seed 1, and joint CE
+    movie-exits    joint CE and the chosen ACL-CL variant, SEEDS (stage 2 of the seed runs)
+    fewshot        CE, CE+SCL, ACL at the movie choices: FEWSHOT sizes x 5 seeds
+
+Usage::
+
+    python scripts/study.py movie-lr --work-dir study_work --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import compare  # noqa: E402
+
+LRS = (2e-5, 5e-5, 1e-4)
+GRID = ((0.1, 0.3), (0.5, 0.3), (1.0, 0.3), (0.5, 0.1))  # (lambda, tau), same for both methods
+SEEDS = (1, 2, 3)
+FEWSHOT_SIZES = (16, 64, 256, 1024)
+FEWSHOT_SEEDS = (1, 2, 3, 4, 5)
+FEWSHOT_UPDATES = 100
+BATCH = 32
+TASKS = {
+    # data folder, epoch cap, validations per epoch, epochs of stage 2
+    "movie": {"data": "movie-bin", "epochs": 3, "stage2_epochs": 2},
+    "pair": {"data": "pair-bin", "epochs": 3, "stage2_epochs": 2},
+}
+VALIDATIONS_PER_EPOCH = 4
+PATIENCE = VALIDATIONS_PER_EPOCH  # one epoch without a better dev accuracy
+# ACL-CL variants: (teacher, contrastive weighting of the exits, lambda_cl)
+VARIANTS = {
+    "live-exit-0.5": ("live", "exit", 0.5),
+    "frozen-exit-0.5": ("frozen", "exit", 0.5),
+    "frozen-uniform-0.5": ("frozen", "uniform", 0.5),
+    "frozen-exit-1": ("frozen", "exit", 1.0),
+}
+
+
+def lr_name(lr: float) -> str:
+    return f"lr{lr:g}"
+
+
+class Study:
+    def __init__(self, work: Path, task: str):
+        self.work = work.resolve()
+        self.task = task
+        self.spec = TASKS.get(task, TASKS["movie"])
+        self.root = self.work / "runs" / task
+        self.choices_file = self.root / "choices.json"
+
+    # ------------------------------------------------------------------ common
+    def data(self, name: str | None = None) -> Path:
+        return self.work / "data" / (name or self.spec["data"])
+
+    def common(self, data: Path, epochs: int, validate: int, extra: str) -> list[str]:
+        model = self.work / "minilm-fairseq"
+        return [
+            str(data), "--restore-file", str(model / "model.pt"),
+            "--arch-args-file", str(model / "fairseq_args.txt"), "--batch-size", str(BATCH),
+            "--epochs", str(epochs), "--exit-pooling", "mean",
+            "--validate-interval-updates", str(validate), "--extra", extra, "--cpu",
+        ]  # fmt: skip
+
+    def stage1(self, data: Path | None = None) -> list[str]:
+        data = data or self.data()
+        updates_per_epoch = -(-compare.count_examples(data) // BATCH)
+        validate = updates_per_epoch // VALIDATIONS_PER_EPOCH
+        return self.common(data, self.spec["epochs"], validate, f"--patience {PATIENCE}")
+
+    def compare(self, out: Path, args: list[str]) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        record = out / "study.json"
+        if not record.exists():
+            record.write_text(json.dumps({"commit": git_commit()}) + "\n", encoding="utf-8")
+        print(f"\n### {out.relative_to(self.work)}", flush=True)
+        code = compare.main([*args, "--out", str(out)])
+        if code:
+            raise SystemExit(f"compare failed in {out}")
+
+    def choices(self) -> dict:
+        if self.choices_file.exists():
+            return json.loads(self.choices_file.read_text(encoding="utf-8"))
+        return {}
+
+    def choose(self, key: str, scores: dict[str, float], value) -> None:
+        data = self.choices()
+        data[key] = {"chosen": value, "dev_accuracy": scores}
+        self.choices_file.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        print(f"{self.task}: chose {key} = {value} on dev ({scores})", flush=True)
+
+    def chosen(self, key: str):
+        data = self.choices()
+        if key not in data:
+            raise SystemExit(f"{self.task}: no {key} chosen yet; run the phase that chooses it")
+        return data[key]["chosen"]
+
+    # ------------------------------------------------------------------ phases
+    def lr(self) -> None:
+        scores = {}
+        for lr in LRS:
+            out = self.root / "lr" / lr_name(lr)
+            self.compare(out, [*self.stage1(), "--methods", "ce", "--seeds", "1", "--lr", f"{lr}"])
+            scores[f"{lr:g}"] = dev_accuracy(out, "ce-seed1")
+        self.choose("lr", scores, float(best_key(scores)))
+
+    def grid(self) -> None:
+        lr = self.chosen("lr")
+        for method in ("ce_scl", "acl"):
+            scores = {}
+            for lam, tau in GRID:
+                out = self.root / "grid" / f"{method}-lam{lam:g}-tau{tau:g}"
+                args = [*self.stage1(), "--methods", method, "--seeds", "1", "--lr", f"{lr}"]
+                args += ["--contrastive-lambda", f"{lam}", "--temperature", f"{tau}"]
+                if method == "ce_scl":
+                    args.append("--ce-scl-plain")
+                self.compare(out, args)
+                scores[f"{lam:g},{tau:g}"] = dev_accuracy(out, f"{method}-seed1")
+            lam, tau = map(float, best_key(scores).split(","))
+            self.choose(method, scores, [lam, tau])
+
+    def hyper_parameters(self, method: str) -> list[str]:
+        """The chosen learning rate (and lambda, tau) of ``method``."""
+        args = ["--lr", f"{self.chosen('lr')}"]
+        if method in ("ce_scl", "acl", "acl_cl"):
+            lam, tau = self.chosen("acl" if method == "acl_cl" else method)
+            args += ["--contrastive-lambda", f"{lam}", "--temperature", f"{tau}"]
+        return args
+
+    def seeds(self) -> None:
+        main = self.root / "main"
+        seeds = ",".join(map(str, SEEDS))
+        lr = self.chosen("lr")
+        link_run(self.root / "lr" / lr_name(lr), main, "ce-seed1")
+        lam, tau = self.chosen("acl")
+        link_run(self.root / "grid" / f"acl-lam{lam:g}-tau{tau:g}", main, "acl-seed1")
+        for method in ("ce", "acl", "ce_scl"):
+            args = [*self.stage1(), *self.hyper_parameters(method)]
+            self.compare(main, [*args, "--methods", method, "--seeds", seeds])
+
+    def stage2_args(self, variant: str) -> list[str]:
+        teacher, weighting, lam_cl = VARIANTS[variant]
+        return [
+            "--stage2-epochs", str(self.spec["stage2_epochs"]), "--acl-cl-teacher", teacher,
+            "--cross-layer-weighting", weighting, "--cross-layer-lambda", f"{lam_cl}",
+        ]  # fmt: skip
+
+    def variants(self) -> None:
+        scores = {}
+        for name in VARIANTS:
+            out = self.root / "variants" / name
+            link_run(self.root / "main", out, "acl-seed1")
+            args = [*self.stage1(), *self.hyper_parameters("acl_cl"), *self.stage2_args(name)]
+            self.compare(out, [*args, "--methods", "acl_cl", "--seeds", "1"])
+            scores[name] = dev_accuracy(out, "acl_cl-seed1")
+        self.choose("acl_cl", scores, best_key(scores))
+
+    def exits(self) -> None:
+        main = self.root / "main"
+        variant = self.chosen("acl_cl")
+        seeds = ",".join(map(str, SEEDS))
+        link_run(self.root / "variants" / variant, main, "acl_cl-seed1")
+        for method, stage1 in (("multi_exit_joint", "ce"), ("acl_cl", "acl_cl")):
+            args = [*self.stage1(), *self.hyper_parameters(stage1), *self.stage2_args(variant)]
+            self.compare(main, [*args, "--methods", method, "--seeds", seeds])
+
+    def fewshot(self) -> None:
+        movie = Study(self.work, "movie")
+        for k in FEWSHOT_SIZES:
+            for seed in FEWSHOT_SEEDS:
+                data = self.data(f"fewshot{k}-s{seed}-bin")
+                updates_per_epoch = -(-compare.count_examples(data) // BATCH)
+                epochs = -(-FEWSHOT_UPDATES // updates_per_epoch)
+                extra = "--validate-interval 1000 --save-interval 1000"
+                args = self.common(data, epochs, FEWSHOT_UPDATES // 4, extra)
+                args += ["--max-update", str(FEWSHOT_UPDATES)]
+                out = self.root / f"k{k}" / f"s{seed}"
+                for method in ("ce", "ce_scl", "acl"):
+                    run = [*args, *movie.hyper_parameters(method), "--methods", method]
+                    run += ["--seeds", str(seed)]
+                    if method == "ce_scl":
+                        run.append("--ce-scl-plain")
+                    self.compare(out, run)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def dev_accuracy(out: Path, run: str) -> float:
+    result = json.loads((out / "runs" / run / "test.json").read_text(encoding="utf-8"))
+    return float(result["dev"]["accuracy"])
+
+
+def best_key(scores: dict[str, float]) -> str:
+    """The key with the highest dev accuracy; the first in grid order among ties."""
+    return max(scores, key=lambda k: (scores[k], -list(scores).index(k)))
+
+
+def link_run(src_out: Path, dst_out: Path, run: str) -> None:
+    """Makes ``dst_out/runs/run`` the finished run of ``src_out`` (compare then skips it)."""
+    src = src_out / "runs" / run
+    dst = dst_out / "runs" / run
+    if not (src / "test.json").exists():
+        raise SystemExit(f"{src} is not finished")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if not dst.exists():
+        dst.symlink_to(os.path.relpath(src, dst.parent))
+
+
+PHASES = {
+    "lr": Study.lr,
+    "grid": Study.grid,
+    "seeds": Study.seeds,
+    "variants": Study.variants,
+    "exits": Study.exits,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("phases", nargs="+", help="e.g. movie-lr pair-grid fewshot")
+    p.add_argument("--work-dir", type=Path, default=REPO / "study_work")
+    p.add_argument("--threads", type=int, default=1, help="OMP threads of every run")
+    args = p.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    for phase in args.phases:
+        if phase == "fewshot":
+            Study(args.work_dir, "fewshot").fewshot()
+            continue
+        task, _, step = phase.partition("-")
+        if task not in TASKS or step not in PHASES:
+            raise SystemExit(f"unknown phase {phase!r}: TASK-STEP with TASK in {list(TASKS)}")
+        PHASES[step](Study(args.work_dir, task))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
