@@ -169,12 +169,45 @@ def test_train_commands(tmp_path):
     assert _flag(acl_cl, "--criterion") == "acl_cross_layer"
     assert _flag(acl_cl, "--restore-file") == str(opts.out / "runs/acl-seed3/checkpoint_best.pt")
     assert "--reset-optimizer" in acl_cl
+    # the best checkpoint is saved at every validation, not only at the end of an epoch
+    assert _flag(ce, "--save-interval-updates") == _flag(ce, "--validate-interval-updates")
+    assert _flag(ce, "--keep-interval-updates") == "1"
+    assert "--frozen-teacher" not in acl_cl and "--cross-layer-weighting" not in acl_cl
+
+    stage2 = _opts(
+        tmp_path, "--stage2-epochs", "2", "--acl-cl-teacher", "frozen",
+        "--cross-layer-weighting", "uniform", "--exit-weighting", "uniform",
+        "--extra", "--patience 4", "--epochs", "3",
+    )  # fmt: skip
+    for method in ("multi_exit_joint", "acl_cl"):
+        run_ = compare.Run(method, 3, 0.5 if method == "acl_cl" else None)
+        command = compare.train_command(run_, stage2, stage2.out / "runs" / run_.name)
+        assert _flag(command, "--max-epoch") == "2" and "--patience" not in command
+        assert _flag(command, "--total-num-update") == "14"  # 2 epochs x ceil(100 / 16)
+        assert _flag(command, "--exit-weighting") == "uniform"
+    assert _flag(command, "--frozen-teacher") == str(
+        stage2.out / "runs/acl-seed3/checkpoint_best.pt"
+    )
+    assert _flag(command, "--cross-layer-weighting") == "uniform"
+    command = compare.train_command(compare.Run("ce", 3, None), stage2, tmp_path)
+    assert _flag(command, "--max-epoch") == "3" and _flag(command, "--patience") == "4"
+
     plain = _opts(tmp_path, "--ce-scl-plain")
     run_ = compare.Run("ce_scl", 1, 0.5)
     assert "--acl-grad" not in compare.train_command(run_, plain, tmp_path)
     assert "--restore-file" not in compare.train_command(
         compare.Run("ce", 1, None), plain, tmp_path
     )
+
+
+def test_a_best_checkpoint_from_another_update_than_the_best_dev_record_stops(tmp_path):
+    import torch
+
+    best = tmp_path / "checkpoint_best.pt"
+    torch.save({"optimizer_history": [{"num_updates": 40}]}, best)
+    compare.check_best_checkpoint(best, {"accuracy": 80.0, "num_updates": 40.0})
+    with pytest.raises(compare.RunFailed, match="saved at update 40, but the best dev"):
+        compare.check_best_checkpoint(best, {"accuracy": 80.0, "num_updates": 30.0})
 
 
 def _fake_data(root: Path, n_train: int = 40) -> Path:
