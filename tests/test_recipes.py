@@ -122,7 +122,8 @@ def test_dry_run_every_task_and_method(task, method):
         return
 
     commands = dry_run_commands(task, method, FP16="1", SAVE_DIR="/ck")
-    assert len(commands) == (2 if method == "acl_cl" else 1)
+    assert len(commands) == (2 if multi_exit else 1)
+    stage1_criterion = {"multi_exit_joint": "sentence_prediction", "acl_cl": "acl_embed"}
     for stage, argv in enumerate(commands, start=1):
         f = parse_flags(argv)
         last = stage == len(commands)
@@ -130,8 +131,12 @@ def test_dry_run_every_task_and_method(task, method):
         assert f["_data"] == f"/nonexistent/glue-bin/{task}-bin"
         assert f["--user-dir"] == USER_DIR
         assert f["--task"] == (fs_task if last else "acl_sentence_prediction")
-        assert f["--criterion"] == (criterion if last else "acl_embed")
-        assert f["--arch"] == ("multi_exit_roberta_base" if multi_exit and last else "roberta_base")
+        assert f["--criterion"] == (criterion if last else stage1_criterion[method])
+        assert f["--arch"] == ("multi_exit_roberta_base" if multi_exit else "roberta_base")
+        # stage 1 of a multi-exit method: the multi-exit model without shallow exits
+        assert ("--exit-layers" in f) == (multi_exit and not last)
+        if multi_exit and not last:
+            assert argv[-2:] == ["--exit-layers", "none"]
         assert int(f["--num-classes"]) == num_classes
         assert float(f["--lr"]) == lr
         assert int(f["--batch-size"]) == bsz
@@ -175,7 +180,7 @@ def test_dry_run_every_task_and_method(task, method):
         ):
             assert f.get(flag) is True, flag
         assert f["--fp16-init-scale"] == "4" and f["--fp16-scale-window"] == "128"
-        if method == "acl_cl":
+        if multi_exit:
             assert f["--save-dir"] == f"/ck/stage{stage}"
             restore = "/ck/stage1/checkpoint_best.pt" if last else "/pretrained/model.pt"
             assert f["--restore-file"] == restore
@@ -226,12 +231,11 @@ def test_fp16_default_follows_gpu(tmp_path, gpu):
 )
 def test_arch_switch_for_multi_exit_methods(arch_args, plain, multi):
     (ce,) = dry_run_commands("rte", "ce", ARCH_ARGS=arch_args)
-    (joint,) = dry_run_commands("rte", "multi_exit_joint", ARCH_ARGS=arch_args)
+    joint1, joint2 = dry_run_commands("rte", "multi_exit_joint", ARCH_ARGS=arch_args)
     stage1, stage2 = dry_run_commands("rte", "acl_cl", ARCH_ARGS=arch_args)
     assert parse_flags(ce)["--arch"] == plain
-    assert parse_flags(stage1)["--arch"] == plain
-    assert parse_flags(joint)["--arch"] == multi
-    assert parse_flags(stage2)["--arch"] == multi
+    for argv in (joint1, joint2, stage1, stage2):
+        assert parse_flags(argv)["--arch"] == multi
     if "--encoder-layers" in arch_args:
         assert parse_flags(stage2)["--encoder-layers"] == "6"
 
@@ -244,7 +248,7 @@ def test_converted_bert_fairseq_args():
         "--attention-dropout 0.1"
     )
     stage1, stage2 = dry_run_commands("mrpc", "acl_cl", ARCH_ARGS=bert)
-    for argv, arch in ((stage1, "roberta"), (stage2, "multi_exit_roberta")):
+    for argv, arch in ((stage1, "multi_exit_roberta"), (stage2, "multi_exit_roberta")):
         f = parse_flags(argv)
         assert f["--arch"] == arch and f["--encoder-embed-dim"] == "384"
         assert f["--activation-fn"] == "gelu"
@@ -543,7 +547,10 @@ TRAIN_SH_TINY = ["--cpu", "--num-workers", "0", "--max-update", "2", "--log-inte
 
 
 @pytest.mark.slow
-def test_train_sh_acl_cl_runs_both_stages(glue_dir, tmp_path):
+@pytest.mark.parametrize("method", ["acl_cl", "multi_exit_joint"])
+def test_train_sh_two_stage_methods_run_both_stages(glue_dir, tmp_path, method):
+    """Both multi-exit methods: stage 1 (acl or ce), then stage 2 restored from its best
+    checkpoint, with the same number of updates."""
     env = {
         "DATA_DIR": str(glue_dir),
         "PRETRAINED": "none",
@@ -552,7 +559,7 @@ def test_train_sh_acl_cl_runs_both_stages(glue_dir, tmp_path):
         "FAIRSEQ_TRAIN": str(BIN / "fairseq-train"),
         "FP16": "0",
     }
-    out = run(["bash", str(TRAIN_SH), "RTE", "acl_cl", *TRAIN_SH_TINY, *TINY_FLAGS], env=env)
+    out = run(["bash", str(TRAIN_SH), "RTE", method, *TRAIN_SH_TINY, *TINY_FLAGS], env=env)
     stage1 = tmp_path / "ck" / "stage1" / "checkpoint_best.pt"
     assert stage1.is_file()
     assert (tmp_path / "ck" / "stage2" / "checkpoint_best.pt").is_file()

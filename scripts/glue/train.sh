@@ -8,14 +8,21 @@
 #   METHOD  ce                fairseq's sentence_prediction task and criterion (baseline)
 #           ce_scl            CE + supervised contrastive loss (Gunel et al.)
 #           acl               CE + ACL-Embed, ACL-Grad on (--criterion acl_embed)
-#           multi_exit_joint  multi-exit model, joint weighted CE over the exits
+#           multi_exit_joint  two stages: ce (SAVE_DIR/stage1), then the multi-exit model
+#                             restored from stage 1's best checkpoint trained with joint
+#                             weighted CE over the exits (--criterion multi_exit_ce,
+#                             SAVE_DIR/stage2)
 #           acl_cl            two stages: acl (SAVE_DIR/stage1), then the multi-exit model
 #                             restored from stage 1's best checkpoint trained with
 #                             --criterion acl_cross_layer (SAVE_DIR/stage2)
+#         The two multi-exit methods get equal budgets: the same stage 1 recipe (ce or acl,
+#         on the multi-exit model with --exit-layers none) and the same number of updates in
+#         stage 2.
 #
 # Extra arguments go to fairseq-train after the recipe's own (so they override them), e.g.
-# --contrastive-lambda 0.3 --temperature 0.1 --update-freq 2 --exit-layers 4,8. In acl_cl they
-# go to both stages; STAGE2_ARGS adds arguments to stage 2 only (e.g. --freeze-backbone).
+# --contrastive-lambda 0.3 --temperature 0.1 --update-freq 2 --exit-layers 4,8. In the two-stage
+# methods they go to both stages; STAGE2_ARGS adds arguments to stage 2 only (e.g.
+# --freeze-backbone).
 # --dry-run (or DRY_RUN=1) prints the fairseq-train command(s) and runs nothing.
 #
 # Environment:
@@ -31,7 +38,7 @@
 #   FP16          1: --fp16 --fp16-init-scale 4 --threshold-loss-scale 1 --fp16-scale-window 128
 #                 0: fp32. Default: 1 when a CUDA GPU is visible and --cpu is not given.
 #   USER_DIR      the plugin (default: this repository's acl_fairseq)
-#   STAGE2_ARGS   extra arguments for stage 2 of acl_cl only
+#   STAGE2_ARGS   extra arguments for stage 2 of multi_exit_joint and acl_cl only
 #   FAIRSEQ_TRAIN the fairseq-train executable (default: fairseq-train on PATH)
 #   PYTHON        Python used to look for a GPU (default: the one next to fairseq-train)
 set -euo pipefail
@@ -91,13 +98,16 @@ case $task_key in
 esac
 
 # ------------------------------------------------------------------ per-method settings
-MULTI_EXIT=0
+# FS_TASK, CRITERION: the (first) stage; STAGE2_CRITERION: the multi-exit stage 2, if any
+STAGE2_CRITERION=
 case $METHOD in
   ce) FS_TASK=sentence_prediction CRITERION=sentence_prediction ;;
   ce_scl) FS_TASK=acl_sentence_prediction CRITERION=ce_scl ;;
   acl) FS_TASK=acl_sentence_prediction CRITERION=acl_embed ;;
-  multi_exit_joint) FS_TASK=acl_sentence_prediction CRITERION=multi_exit_ce MULTI_EXIT=1 ;;
-  acl_cl) FS_TASK=acl_sentence_prediction CRITERION=acl_embed ;; # stage 1; stage 2 below
+  multi_exit_joint)
+    FS_TASK=acl_sentence_prediction CRITERION=sentence_prediction STAGE2_CRITERION=multi_exit_ce
+    ;;
+  acl_cl) FS_TASK=acl_sentence_prediction CRITERION=acl_embed STAGE2_CRITERION=acl_cross_layer ;;
   *) die "unknown method '$METHOD'; expected one of ce ce_scl acl multi_exit_joint acl_cl" ;;
 esac
 if [[ $REGRESSION == 1 && $METHOD != ce ]]; then
@@ -243,7 +253,7 @@ PLAIN_ARCH=("${ARCH[@]}")
 PLAIN_EXTRA=("${EXTRA[@]}")
 ME_ARCH=()
 ME_EXTRA=()
-if [[ $MULTI_EXIT == 1 || $METHOD == acl_cl ]]; then
+if [[ -n $STAGE2_CRITERION ]]; then
   multi_exit_arch "${ARCH[@]}" "${EXTRA[@]}" >/dev/null # dies here on an unknown --arch
   mapfile -t ME_ARCH < <(multi_exit_arch "${ARCH[@]}")
   if [[ ${#EXTRA[@]} -gt 0 ]]; then
@@ -319,28 +329,30 @@ run_cmd() {
   fi
 }
 
-if [[ $METHOD == acl_cl ]]; then
+if [[ -n $STAGE2_CRITERION ]]; then
   STAGE1_DIR=$SAVE_DIR/stage1
   STAGE2_DIR=$SAVE_DIR/stage2
   STAGE1_BEST=$STAGE1_DIR/checkpoint_best.pt
   if [[ $DRY_RUN == 1 ]]; then
-    echo "# stage 1: acl ($TASK) -> $STAGE1_DIR"
+    echo "# stage 1: $CRITERION ($TASK) -> $STAGE1_DIR"
   fi
-  build_cmd "$STAGE1_DIR" acl_sentence_prediction acl_embed 0 "${RESTORE[@]}" --
+  # stage 1 is the multi-exit model without shallow exits (exactly the plain model for
+  # --exit-pooling first): the multi-exit flags mean the same in both stages
+  build_cmd "$STAGE1_DIR" "$FS_TASK" "$CRITERION" 1 "${RESTORE[@]}" -- --exit-layers none
   run_cmd
   if [[ $DRY_RUN == 0 && ! -f $STAGE1_BEST ]]; then
     die "stage 1 finished without writing $STAGE1_BEST"
   fi
   if [[ $DRY_RUN == 1 ]]; then
-    echo "# stage 2: acl_cross_layer on the multi-exit model -> $STAGE2_DIR"
+    echo "# stage 2: $STAGE2_CRITERION on the multi-exit model -> $STAGE2_DIR"
   fi
-  build_cmd "$STAGE2_DIR" acl_sentence_prediction acl_cross_layer 1 \
+  build_cmd "$STAGE2_DIR" acl_sentence_prediction "$STAGE2_CRITERION" 1 \
     --restore-file "$STAGE1_BEST" -- "${STAGE2_EXTRA[@]}"
   run_cmd
 else
   if [[ ${#STAGE2_EXTRA[@]} -gt 0 ]]; then
     warn "STAGE2_ARGS is ignored: method $METHOD has one stage"
   fi
-  build_cmd "$SAVE_DIR" "$FS_TASK" "$CRITERION" "$MULTI_EXIT" "${RESTORE[@]}" --
+  build_cmd "$SAVE_DIR" "$FS_TASK" "$CRITERION" 0 "${RESTORE[@]}" --
   run_cmd
 fi
