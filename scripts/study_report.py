@@ -1,0 +1,343 @@
+#!/usr/bin/env python
+"""Tables and figures of the converged study (``scripts/study.py``) for docs/study/.
+
+Reads every finished run under ``WORK/runs`` and writes to ``--out`` (default docs/study):
+
+  runs.csv        one row per run: study, phase, method, variant, seed, hyper-parameters,
+                  updates trained and of the best checkpoint, dev and test accuracy (per exit)
+  summary.csv     study,method,variant,n_train,seeds,updates_per_stage,split,metric,mean,std
+                  (the main comparison per method; the grids as variants with one seed)
+  paired.csv      per study and method: test accuracy minus CE's (ACL-CL minus joint CE per
+                  exit), per seed, mean, std and a paired t-test over seeds
+  angles.csv      the CE/contrastive gradient angle over training by thirds (early, middle,
+                  late): mean, share above 60/75/90 degrees, updates ACL-Grad dropped
+  figures/        dev_curves, lambda, fewshot (PNG + CSV)
+  runs/           each run's small files (test.json, run.json, command.txt, train.log,
+                  angles.tsv), with the work folder written as <work>
+
+Usage::
+
+    python scripts/study_report.py --work-dir study_work --out docs/study
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import shutil
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import compare  # noqa: E402
+
+SUMMARY_COLUMNS = [
+    "study", "method", "variant", "n_train", "seeds", "updates_per_stage", "split", "metric",
+    "mean", "std",
+]  # fmt: skip
+STUDY_OF = {"movie": "full", "pair": "pair", "fewshot": "fewshot"}
+SMALL_FILES = ("test.json", "run.json", "command.txt", "train.log", "test.log", "angles.tsv")
+
+
+def flag(command: Sequence[str], name: str) -> str | None:
+    return compare._flag_value(command, name)
+
+
+def train_log_records(path: Path, kind: str) -> list[dict]:
+    if not path.exists():
+        return []
+    return compare.json_records(path.read_text(encoding="utf-8").splitlines(), kind)
+
+
+def variant_of(method: str, command: Sequence[str]) -> str:
+    """The hyper-parameters that tell runs of one method apart."""
+    parts = [f"lr={float(flag(command, '--lr') or 0):g}"]
+    if method in ("ce_scl", "acl", "acl_cl"):
+        parts.append(f"lambda={flag(command, '--contrastive-lambda')}")
+        parts.append(f"tau={flag(command, '--temperature')}")
+    if method == "acl_cl":
+        parts.append("teacher=" + ("frozen" if flag(command, "--frozen-teacher") else "live"))
+        parts.append(f"weighting={flag(command, '--cross-layer-weighting') or 'exit'}")
+        parts.append(f"lambda_cl={flag(command, '--cross-layer-lambda')}")
+    return " ".join(parts)
+
+
+def collect(work: Path) -> list[dict[str, Any]]:
+    """One record per finished run, every folder that holds it (links included)."""
+    records = []
+    for test_json in sorted((work / "runs").glob("**/runs/*/test.json")):
+        run_dir = test_json.parent
+        out = run_dir.parent.parent
+        rel = out.relative_to(work / "runs")
+        task = rel.parts[0]
+        result = json.loads(test_json.read_text(encoding="utf-8"))
+        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        command = meta["train_command"]
+        train = train_log_records(run_dir / "train.log", "train")
+        inner = train_log_records(run_dir / "train.log", "train_inner")
+        last = (train or inner or [{}])[-1]
+        updates = int(float(last.get("train_num_updates", last.get("num_updates", 0))))
+        data = Path(command[1])
+        record = {
+            "study": STUDY_OF[task],
+            "phase": "/".join(rel.parts[1:]) or "main",
+            "folder": str(rel),
+            "run": run_dir.name,
+            "linked": run_dir.is_symlink(),
+            "method": result["method"],
+            "seed": result["seed"],
+            "variant": variant_of(result["method"], command),
+            "n_train": compare.count_examples(data) if data.exists() else "",
+            "updates": updates,
+            "best_update": int(result["dev"].get("num_updates", 0)),
+            "stage1": result.get("stage1"),
+            "dev_accuracy": result["dev"]["accuracy"],
+            "angles": run_dir / "angles.tsv",
+            "run_dir": run_dir,
+        }
+        for key, value in result["test"].items():
+            if compare._METRIC_RE.match(key):
+                record[f"test_{key}"] = value
+        records.append(record)
+    return records
+
+
+def by_name(records: list[dict], folder: str) -> dict[str, dict]:
+    return {r["run"]: r for r in records if r["folder"] == folder}
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    mean = statistics.fmean(values)
+    return mean, statistics.stdev(values) if len(values) > 1 else math.nan
+
+
+def updates_per_stage(record: dict, runs: dict[str, dict]) -> str:
+    if record["stage1"] and record["stage1"] in runs:
+        return f"{runs[record['stage1']]['updates']}+{record['updates']}"
+    return str(record["updates"])
+
+
+def summary_rows(records: list[dict]) -> list[list[Any]]:
+    """The main comparisons (every seed of a method in one folder) and the single-seed grids."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:  # a few-shot size's seeds are in one folder each: fewshot/kK/sS
+        folder = r["folder"].rsplit("/", 1)[0] if r["study"] == "fewshot" else r["folder"]
+        groups[(r["study"], folder, r["method"], r["variant"])].append(r)
+    rows = []
+    for (study, folder, method, variant), group in sorted(groups.items()):
+        phase = group[0]["phase"]
+        label = variant if phase == "main" else f"{phase}: {variant}"
+        if study == "fewshot":
+            label = f"k={folder.split('/')[1][1:]} per class; {variant}"
+        stages = sorted({updates_per_stage(r, by_name(records, r["folder"])) for r in group})
+        metrics = sorted({k for r in group for k in r if k.startswith("test_")})
+        for split, keys in (("dev", ["dev_accuracy"]), ("test", metrics)):
+            for key in keys:
+                values = [r[key] for r in group if key in r]
+                if not values:
+                    continue
+                mean, std = mean_std(values)
+                metric = "accuracy" if key == "dev_accuracy" else key[len("test_") :]
+                rows.append([
+                    study, method, label, group[0]["n_train"], len(values), ";".join(stages),
+                    split, metric, round(mean, 3), "" if math.isnan(std) else round(std, 3),
+                ])  # fmt: skip
+    return rows
+
+
+def fewshot_groups(records: list[dict]) -> dict[tuple[str, str], dict[int, float]]:
+    """(k, method) -> {seed: test accuracy}."""
+    out: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for r in records:
+        if r["study"] == "fewshot":
+            out[(r["folder"].split("/")[1], r["method"])][r["seed"]] = r["test_accuracy"]
+    return out
+
+
+def paired_rows(records: list[dict]) -> list[list[Any]]:
+    """Test accuracy minus the baseline's, paired by seed (and by few-shot draw)."""
+    from scipy import stats
+
+    comparisons = []
+    for study, folder in (("full", "movie/main"), ("pair", "pair/main")):
+        runs = [r for r in records if r["folder"] == folder]
+        per = defaultdict(dict)
+        for r in runs:
+            for key in (k for k in r if k.startswith("test_accuracy")):
+                per[(r["method"], key)][r["seed"]] = r[key]
+        for method in ("ce_scl", "acl", "multi_exit_joint"):
+            ours, ce = per[(method, "test_accuracy")], per[("ce", "test_accuracy")]
+            comparisons.append((study, method, "ce", "accuracy", ours, ce))
+        for key in sorted(k for m, k in per if m == "acl_cl"):
+            ours, joint = per[("acl_cl", key)], per[("multi_exit_joint", key)]
+            comparisons.append((study, "acl_cl", "multi_exit_joint", key[5:], ours, joint))
+    for (k, method), seeds in sorted(fewshot_groups(records).items()):
+        if method != "ce":
+            base = fewshot_groups(records)[(k, "ce")]
+            comparisons.append((f"fewshot {k}", method, "ce", "accuracy", seeds, base))
+    rows = []
+    for study, method, base, metric, ours, theirs in comparisons:
+        seeds = sorted(set(ours) & set(theirs))
+        if not seeds:
+            continue
+        diffs = [ours[s] - theirs[s] for s in seeds]
+        mean, std = mean_std(diffs)
+        p = stats.ttest_rel([ours[s] for s in seeds], [theirs[s] for s in seeds]).pvalue
+        rows.append([
+            study, method, base, metric, len(seeds), " ".join(f"{d:+.2f}" for d in diffs),
+            round(mean, 3), "" if math.isnan(std) else round(std, 3),
+            "" if math.isnan(p) else round(float(p), 4),
+        ])  # fmt: skip
+    return rows
+
+
+def angle_rows(records: list[dict]) -> list[list[Any]]:
+    rows = []
+    seen = set()
+    for r in records:
+        path = r["angles"]
+        if not path.exists() or path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        angles = compare.read_angles(path)
+        if not angles:
+            continue
+        n = len(angles)
+        thirds = {"early": angles[: n // 3], "middle": angles[n // 3 : 2 * n // 3]}
+        thirds.update({"late": angles[2 * n // 3 :], "all": angles})
+        for part, rows_ in thirds.items():
+            values = [a for _, a, _ in rows_]
+            if not values:
+                continue
+            share = {
+                t: round(100.0 * sum(a > t for a in values) / len(values), 1) for t in (60, 75, 90)
+            }
+            rows.append([
+                r["study"], r["folder"], r["run"], r["method"], r["variant"], part, len(values),
+                round(statistics.fmean(values), 2), share[60], share[75], share[90],
+                sum(k == 0 for _, _, k in rows_),
+            ])  # fmt: skip
+    return rows
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def copy_small_files(records: list[dict], work: Path, out: Path) -> None:
+    """Each run's small files (never checkpoints), machine paths written as <work>/<repo>."""
+    for r in records:
+        if r["linked"]:
+            continue
+        dest = out / "runs" / r["folder"] / r["run"]
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in SMALL_FILES:
+            src = r["run_dir"] / name
+            if src.exists():
+                text = src.read_text(encoding="utf-8", errors="replace")
+                text = text.replace(str(work), "<work>").replace(str(REPO), "<repo>")
+                (dest / name).write_text(text, encoding="utf-8")
+
+
+def figures(records: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig_dir = out / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    # dev curves of the seed-1 runs of the main comparisons
+    tasks = [t for t in ("movie", "pair") if any(r["folder"] == f"{t}/main" for r in records)]
+    if tasks:
+        fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+        rows = []
+        for ax, task in zip(axes[0], tasks):
+            for r in by_name(records, f"{task}/main").values():
+                if r["seed"] != 1:
+                    continue
+                curve = [
+                    (int(float(v["valid_num_updates"])), float(v["valid_accuracy"]))
+                    for v in train_log_records(r["run_dir"] / "train.log", "valid")
+                ]
+                rows += [[task, r["method"], u, a] for u, a in curve]
+                ax.plot(*zip(*curve), marker=".", label=r["method"])
+            ax.set(title=f"{task}: dev accuracy during training (seed 1)", xlabel="update",
+                   ylabel="dev accuracy (%)")  # fmt: skip
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(fig_dir / "dev_curves.png", dpi=110)
+        plt.close(fig)
+        write_csv(fig_dir / "dev_curves.csv", ["task", "method", "update", "dev_accuracy"], rows)
+    # few-shot learning curve
+    groups = fewshot_groups(records)
+    if groups:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        rows = []
+        for method in ("ce", "ce_scl", "acl"):
+            points = []
+            for (k, m), seeds in groups.items():
+                if m == method:
+                    mean, std = mean_std(list(seeds.values()))
+                    points.append((int(k[1:]), mean, 0.0 if math.isnan(std) else std))
+                    rows.append([int(k[1:]), method, len(seeds), mean, std])
+            if points:
+                points.sort()
+                ks, means, stds = zip(*points)
+                ax.errorbar(ks, means, yerr=stds, marker="o", capsize=3, label=method)
+        ax.set(xscale="log", xlabel="training sentences per class", ylabel="test accuracy (%)",
+               title="few-shot learning curve (mean ± std over 5 draws)")  # fmt: skip
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(fig_dir / "fewshot.png", dpi=110)
+        plt.close(fig)
+        write_csv(fig_dir / "fewshot.csv", ["per_class", "method", "n", "mean", "std"], rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--work-dir", type=Path, default=REPO / "study_work")
+    p.add_argument("--out", type=Path, default=REPO / "docs" / "study")
+    args = p.parse_args(argv)
+    work = args.work_dir.resolve()
+    records = collect(work)
+    if not records:
+        raise SystemExit(f"no finished run under {work / 'runs'}")
+    out = args.out
+    columns = ["study", "phase", "run", "method", "variant", "seed", "n_train", "updates",
+               "best_update", "dev_accuracy"]  # fmt: skip
+    metrics = sorted({k for r in records for k in r if k.startswith("test_")})
+    write_csv(out / "runs.csv", columns + metrics,
+              [[r.get(c, "") for c in columns + metrics] for r in records])  # fmt: skip
+    write_csv(out / "summary.csv", SUMMARY_COLUMNS, summary_rows(records))
+    write_csv(out / "paired.csv", ["study", "method", "baseline", "metric", "seeds",
+              "per_seed_difference", "mean_difference", "std", "paired_t_p"],
+              paired_rows(records))  # fmt: skip
+    write_csv(out / "angles.csv", ["study", "folder", "run", "method", "variant", "part",
+              "updates", "mean_angle", "pct_over_60", "pct_over_75", "pct_over_90",
+              "dropped"], angle_rows(records))  # fmt: skip
+    if (work / "runs").exists():
+        for choices in sorted((work / "runs").glob("*/choices.json")):
+            dest = out / "choices" / f"{choices.parent.name}.json"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(choices, dest)
+    copy_small_files(records, work, out)
+    figures(records, out)
+    print(f"{len(records)} runs -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

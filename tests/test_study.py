@@ -1,0 +1,141 @@
+"""The converged study's tools: its data splits, its choices on dev, and its report (tables
+recomputed here from hand-written runs: means, sample stds, paired differences, angle thirds)."""
+
+import csv
+import json
+import math
+import statistics
+import sys
+
+import pytest
+from scipy import stats
+
+from fairseq_helpers import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+
+import study  # noqa: E402
+import study_data  # noqa: E402
+import study_report  # noqa: E402
+
+
+def test_movie_splits_keep_the_demos_dev_and_test():
+    rows = [(f"s{i}", "positive" if i % 3 else "negative") for i in range(5000)]
+    splits = study_data.movie_splits(rows)
+    assert splits["dev"] == rows[1600:2200] and splits["test"] == rows[2200:4200]
+    assert splits["train"] == rows[:1600] + rows[4200:]
+    assert sum(map(len, splits.values())) == len(rows)
+
+
+def test_fewshot_draws_k_per_class_from_train_only():
+    train = [(f"s{i}", "positive" if i % 3 else "negative") for i in range(300)]
+    one = study_data.fewshot_train(train, 16, seed=1)
+    assert sorted(label for _, label in one).count("negative") == 16 and len(one) == 32
+    assert set(one) <= set(train) and len(set(one)) == 32
+    assert one == study_data.fewshot_train(train, 16, seed=1)
+    assert set(one) != set(study_data.fewshot_train(train, 16, seed=2))
+    with pytest.raises(SystemExit, match="negative has 100"):
+        study_data.fewshot_train(train, 101, seed=1)
+
+
+def test_choice_is_the_best_dev_score_first_in_grid_order_on_ties():
+    assert study.best_key({"a": 80.0, "b": 81.5, "c": 81.5}) == "b"
+    assert study.best_key({"0.1,0.3": 79.0}) == "0.1,0.3"
+
+
+def _write_run(out, method, seed, dev, test, angles=None, stage1=None, updates=100):
+    run_dir = out / "runs" / f"{method}-seed{seed}"
+    run_dir.mkdir(parents=True)
+    command = ["fairseq-train", str(out / "no-data"), "--lr", "5e-05"]
+    if method in ("ce_scl", "acl", "acl_cl"):
+        command += ["--contrastive-lambda", "0.5", "--temperature", "0.3"]
+    meta = {"method": method, "seed": seed, "stage1": stage1, "train_command": command}
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    result = {**meta, "dev": {"accuracy": dev, "num_updates": updates - 10}, "test": test}
+    del result["train_command"]
+    (run_dir / "test.json").write_text(json.dumps(result))
+    log = [
+        f'x | valid | {{"valid_accuracy": "{dev - 1}", "valid_num_updates": "{updates // 2}"}}',
+        f'x | valid | {{"valid_accuracy": "{dev}", "valid_num_updates": "{updates - 10}"}}',
+        f'x | train | {{"train_num_updates": "{updates}", "train_loss": "0.1"}}',
+    ]
+    (run_dir / "train.log").write_text("\n".join(log) + f"\n{out}/private/path\n")
+    if angles:
+        (run_dir / "angles.tsv").write_text(
+            "".join(f"{u}\t{a}\t{int(a <= 90)}\t0\n" for u, a in enumerate(angles, 1))
+        )
+
+
+def test_report_tables_are_the_runs_own_numbers(tmp_path):
+    work = tmp_path / "work"
+    main = work / "runs" / "movie" / "main"
+    ce = {1: 80.0, 2: 81.0, 3: 79.5}
+    acl = {1: 81.0, 2: 80.5, 3: 80.5}
+    for seed in (1, 2, 3):
+        _write_run(main, "ce", seed, 82.0, {"accuracy": ce[seed]}, updates=300)
+        angles = [50.0, 70.0, 95.0, 100.0, 40.0, 80.0] if seed == 1 else None
+        _write_run(main, "acl", seed, 83.0, {"accuracy": acl[seed]}, angles=angles)
+        joint = {"accuracy": 81.0, "accuracy_exit1": 60.0 + seed}
+        _write_run(main, "multi_exit_joint", seed, 82.0, joint, stage1=f"ce-seed{seed}")
+        acl_cl = {"accuracy": 81.0, "accuracy_exit1": 61.0 + 2 * seed}
+        _write_run(main, "acl_cl", seed, 82.0, acl_cl, stage1=f"acl-seed{seed}")
+    for k in (16, 64):
+        for seed in (1, 2):
+            out = work / "runs" / "fewshot" / f"k{k}" / f"s{seed}"
+            _write_run(out, "ce", seed, 60.0, {"accuracy": 55.0 + k / 16 + seed})
+            _write_run(out, "acl", seed, 60.0, {"accuracy": 56.0 + k / 16})
+    docs = tmp_path / "docs"
+    assert study_report.main(["--work-dir", str(work), "--out", str(docs)]) == 0
+
+    with open(docs / "summary.csv") as f:
+        summary = list(csv.DictReader(f))
+    assert list(summary[0]) == study_report.SUMMARY_COLUMNS
+
+    def row(study_, method, split, metric, variant_start=""):
+        (found,) = [
+            r for r in summary
+            if (r["study"], r["method"], r["split"], r["metric"]) == (study_, method, split, metric)
+            and r["variant"].startswith(variant_start)
+        ]  # fmt: skip
+        return found
+
+    r = row("full", "acl", "test", "accuracy")
+    assert float(r["mean"]) == pytest.approx(statistics.fmean(acl.values()), abs=1e-3)
+    assert float(r["std"]) == pytest.approx(statistics.stdev(acl.values()), abs=1e-3)
+    assert r["seeds"] == "3" and r["updates_per_stage"] == "100"
+    assert "lambda=0.5" in r["variant"] and "tau=0.3" in r["variant"]
+    assert (
+        row("full", "multi_exit_joint", "test", "accuracy_exit1")["updates_per_stage"] == "300+100"
+    )
+    assert float(row("full", "ce", "dev", "accuracy")["mean"]) == 82.0
+    few = row("fewshot", "ce", "test", "accuracy", "k=64")
+    assert float(few["mean"]) == pytest.approx(60.5) and few["seeds"] == "2"
+
+    with open(docs / "paired.csv") as f:
+        paired = {(r["study"], r["method"], r["metric"]): r for r in csv.DictReader(f)}
+    p = paired[("full", "acl", "accuracy")]
+    diffs = [acl[s] - ce[s] for s in (1, 2, 3)]
+    assert p["per_seed_difference"] == "+1.00 -0.50 +1.00"
+    assert float(p["mean_difference"]) == pytest.approx(statistics.fmean(diffs), abs=1e-3)
+    expected_p = stats.ttest_rel(list(acl.values()), list(ce.values())).pvalue
+    assert float(p["paired_t_p"]) == pytest.approx(expected_p, abs=1e-4)
+    exit1 = paired[("full", "acl_cl", "accuracy_exit1")]
+    assert (
+        exit1["baseline"] == "multi_exit_joint"
+        and exit1["per_seed_difference"] == "+2.00 +3.00 +4.00"
+    )
+    assert paired[("fewshot k16", "acl", "accuracy")]["per_seed_difference"] == "+0.00 -1.00"
+
+    with open(docs / "angles.csv") as f:
+        angles = {r["part"]: r for r in csv.DictReader(f)}
+    assert angles["early"]["mean_angle"] == "60.0" and angles["late"]["updates"] == "2"
+    assert float(angles["all"]["pct_over_90"]) == pytest.approx(100 * 2 / 6, abs=0.1)
+    assert angles["middle"]["dropped"] == "2" and angles["all"]["dropped"] == "2"
+
+    log = (docs / "runs" / "movie" / "main" / "ce-seed1" / "train.log").read_text()
+    assert "<work>/runs/movie/main/private/path" in log and str(work) not in log
+    assert (docs / "figures" / "dev_curves.png").stat().st_size > 0
+    with open(docs / "figures" / "fewshot.csv") as f:
+        curve = {(r["per_class"], r["method"]): r for r in csv.DictReader(f)}
+    assert float(curve[("16", "ce")]["mean"]) == pytest.approx(57.5)
+    assert not math.isnan(float(curve[("16", "ce")]["std"]))
