@@ -21,7 +21,9 @@ Phases (``TASK`` is ``movie`` or ``pair``)::
                    seed 1)
     movie-variants ACL-CL variants (teacher, weighting, lambda_cl) on seed 1, and joint CE
     movie-exits    joint CE and the chosen ACL-CL variant, SEEDS (stage 2 of the seed runs)
+    movie-earlyexit  entropy early exit of both multi-exit families (seed 1) on test
     fewshot        CE, CE+SCL, ACL at the movie choices: FEWSHOT sizes x 5 seeds
+    restore        put the committed results of docs/study back under WORK (another machine)
 
 Usage::
 
@@ -56,6 +58,8 @@ TASKS = {
     "movie": {"data": "movie-bin", "epochs": 3, "stage2_epochs": 2},
     "pair": {"data": "pair-bin", "epochs": 3, "stage2_epochs": 2},
 }
+# entropy thresholds of the early-exit curve (nats; ln 2 = 0.693 lets every row leave at exit 1)
+EXIT_THRESHOLDS = "0.05,0.1,0.2,0.3,0.4,0.5,0.6,0.65,0.69"
 VALIDATIONS_PER_EPOCH = 4
 PATIENCE = VALIDATIONS_PER_EPOCH  # one epoch without a better dev accuracy
 # ACL-CL variants: (teacher, contrastive weighting of the exits, lambda_cl)
@@ -181,6 +185,7 @@ class Study:
 
     def variants(self) -> None:
         scores = {}
+        need_checkpoints(self.root / "main", ["acl-seed1"])
         for name in VARIANTS:
             out = self.root / "variants" / name
             link_run(self.root / "main", out, "acl-seed1")
@@ -194,9 +199,29 @@ class Study:
         variant = self.chosen("acl_cl")
         seeds = ",".join(map(str, SEEDS))
         link_run(self.root / "variants" / variant, main, "acl_cl-seed1")
+        need_checkpoints(main, [f"{m}-seed{s}" for m in ("ce", "acl") for s in SEEDS])
         for method, stage1 in (("multi_exit_joint", "ce"), ("acl_cl", "acl_cl")):
             args = [*self.stage1(), *self.hyper_parameters(stage1), *self.stage2_args(variant)]
             self.compare(main, [*args, "--methods", method, "--seeds", seeds])
+
+    def earlyexit(self) -> None:
+        """Entropy early exit of both multi-exit families (seed 1) on the test split."""
+        out = self.root / "earlyexit"
+        out.mkdir(parents=True, exist_ok=True)
+        for method in ("multi_exit_joint", "acl_cl"):
+            table = out / f"{method}-seed1.tsv"
+            if table.exists():
+                continue
+            checkpoint = self.root / "main" / "runs" / f"{method}-seed1" / "checkpoint_best.pt"
+            subprocess.run(
+                [
+                    sys.executable, str(REPO / "scripts" / "early_exit_sweep.py"),
+                    "--checkpoint", str(checkpoint), "--data", str(self.data()),
+                    "--split", "test", "--policy", "entropy", "--thresholds", EXIT_THRESHOLDS,
+                    "--batch-sizes", "32", "--repeats", "1", "--out", str(table), "--cpu",
+                ],
+                check=True,
+            )  # fmt: skip
 
     def fewshot(self) -> None:
         movie = Study(self.work, "movie")
@@ -215,6 +240,41 @@ class Study:
                     if method == "ce_scl":
                         run.append("--ce-scl-plain")
                     self.compare(out, run)
+
+
+def restore(work: Path, docs: Path) -> None:
+    """Puts the committed small results of finished runs (``docs/study``) back under
+    ``work/runs``, so that a study resumed on another machine does not train them again."""
+    work = work.resolve()
+    for test_json in sorted((docs / "runs").glob("**/test.json")):
+        rel = test_json.parent.relative_to(docs / "runs")  # TASK/.../RUN
+        dest = work / "runs" / rel.parent / "runs" / rel.name
+        if (dest / "test.json").exists():
+            continue
+        dest.mkdir(parents=True, exist_ok=True)
+        for src in test_json.parent.iterdir():
+            text = src.read_text(encoding="utf-8").replace("<work>", str(work))
+            (dest / src.name).write_text(text.replace("<repo>", str(REPO)), encoding="utf-8")
+        (dest / "train.done").write_text("", encoding="utf-8")
+    for choices in sorted((docs / "choices").glob("*.json")):
+        dest = work / "runs" / choices.stem / "choices.json"
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(choices.read_text(encoding="utf-8"), encoding="utf-8")
+
+
+def need_checkpoints(out: Path, runs: list[str]) -> None:
+    """Stage-1 runs restored without their checkpoint are trained again (same seed, same
+    flags): a link to such a run is removed, a run's result is moved aside."""
+    for name in runs:
+        run_dir = out / "runs" / name
+        if not run_dir.exists() or (run_dir / "checkpoint_best.pt").exists():
+            continue
+        print(f"{run_dir}: no checkpoint, training it again", flush=True)
+        if run_dir.is_symlink():
+            run_dir.unlink()
+        else:
+            (run_dir / "test.json").rename(run_dir / "test.restored.json")
 
 
 def git_commit() -> str:
@@ -253,6 +313,7 @@ PHASES = {
     "seeds": Study.seeds,
     "variants": Study.variants,
     "exits": Study.exits,
+    "earlyexit": Study.earlyexit,
 }
 
 
@@ -261,9 +322,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("phases", nargs="+", help="e.g. movie-lr pair-grid fewshot")
     p.add_argument("--work-dir", type=Path, default=REPO / "study_work")
     p.add_argument("--threads", type=int, default=1, help="OMP threads of every run")
+    p.add_argument(
+        "--docs", type=Path, default=REPO / "docs" / "study", help="committed results (restore)"
+    )
     args = p.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     for phase in args.phases:
+        if phase == "restore":
+            restore(args.work_dir, args.docs)
+            continue
         if phase == "fewshot":
             Study(args.work_dir, "fewshot").fewshot()
             continue

@@ -139,3 +139,24 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
         curve = {(r["per_class"], r["method"]): r for r in csv.DictReader(f)}
     assert float(curve[("16", "ce")]["mean"]) == pytest.approx(57.5)
     assert not math.isnan(float(curve[("16", "ce")]["std"]))
+
+
+def test_restore_puts_committed_results_back_for_resuming(tmp_path):
+    work = tmp_path / "work"
+    out = work / "runs" / "movie" / "lr" / "lr5e-05"
+    _write_run(out, "ce", 1, 82.0, {"accuracy": 80.0})
+    docs = tmp_path / "docs"
+    study_report.main(["--work-dir", str(work), "--out", str(docs)])
+    elsewhere = tmp_path / "elsewhere"
+    study.restore(elsewhere, docs)
+    run_dir = elsewhere / "runs" / "movie" / "lr" / "lr5e-05" / "runs" / "ce-seed1"
+    assert json.loads((run_dir / "test.json").read_text())["test"]["accuracy"] == 80.0
+    assert (run_dir / "train.done").exists() and "<work>" not in (run_dir / "train.log").read_text()
+    assert (
+        f"{elsewhere.resolve()}/runs/movie/lr/lr5e-05/private/path"
+        in (run_dir / "train.log").read_text()
+    )
+    assert study.dev_accuracy(run_dir.parent.parent, "ce-seed1") == 82.0
+    # a stage-1 run without its checkpoint is trained again
+    study.need_checkpoints(run_dir.parent.parent, ["ce-seed1"])
+    assert not (run_dir / "test.json").exists()
