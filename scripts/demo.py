@@ -197,9 +197,13 @@ def train(
         "--save-dir", str(save_dir), "--seed", str(args.seed),
         "--cpu", "--num-workers", "0", "--log-format", "simple", "--log-interval", "25",
         "--validate-interval-updates", str(max(25, updates // 3)),
+        # checkpoint_best.pt is written only where fairseq saves: at every validation
+        "--save-interval-updates", str(max(25, updates // 3)), "--keep-interval-updates", "1",
     ]  # fmt: skip
     start = time.time()
     run_logged(cmd, save_dir / "train.log")
+    for interval_copy in save_dir.glob("checkpoint_*_*.pt"):
+        interval_copy.unlink()
     print(f"   trained in {time.time() - start:.0f} s")
     return best
 
