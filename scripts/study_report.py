@@ -306,6 +306,83 @@ def figures(records: list[dict], out: Path) -> None:
         write_csv(fig_dir / "fewshot.csv", ["per_class", "method", "n", "mean", "std"], rows)
 
 
+def grid_and_exit_figures(records: list[dict], work: Path, out: Path) -> None:
+    """Dev and test accuracy over the lambda/tau grid; the early-exit curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig_dir = out / "figures"
+    grid = [r for r in records if r["phase"].startswith("grid/")]
+    if grid:
+        tasks = sorted({r["folder"].split("/")[0] for r in grid})
+        fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+        rows = []
+        for ax, task in zip(axes[0], tasks):
+            for method, color in (("ce_scl", "tab:orange"), ("acl", "tab:blue")):
+                points = sorted(
+                    (r["phase"].split("-lam")[1], r["dev_accuracy"], r["test_accuracy"])
+                    for r in grid
+                    if r["folder"].startswith(f"{task}/") and r["method"] == method
+                )
+                rows += [[task, method, *p] for p in points]
+                if points:
+                    labels, dev, test = zip(*points)
+                    ax.plot(labels, dev, "o--", color=color, label=f"{method} dev")
+                    ax.plot(labels, test, "s-", color=color, label=f"{method} test")
+            ax.set(title=f"{task}: λ / τ grid (seed 1)", xlabel="λ-tau", ylabel="accuracy (%)")
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(fig_dir / "lambda.png", dpi=110)
+        plt.close(fig)
+        write_csv(fig_dir / "lambda.csv", ["task", "method", "lambda_tau", "dev", "test"], rows)
+    tables = sorted((work / "runs").glob("*/earlyexit/*.tsv"))
+    if tables:
+        import plots
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for table in tables:
+            dest = out / "earlyexit" / table.parent.parent.name / table.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(table, dest)
+            points = sorted(
+                (float(r["layer_speedup"]), float(r["accuracy"])) for r in plots.read_sweep(table)
+            )
+            label = f"{table.parent.parent.name} {table.stem}"
+            ax.plot(*zip(*points), marker="o", label=label)
+        ax.set(xlabel="speed-up in layers run (ideal)", ylabel="test accuracy (%)",
+               title="entropy early exit of the converged multi-exit models")  # fmt: skip
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(fig_dir / "early_exit.png", dpi=110)
+        plt.close(fig)
+
+
+def markdown(out: Path) -> str:
+    """docs/study/README.md: the CSVs as tables."""
+    lines = ["# Converged study: generated tables", "",
+             "Written by `scripts/study_report.py` from the runs; see docs/results.md for the "
+             "protocol and the verdicts.", ""]  # fmt: skip
+    for name, title in (
+        ("summary.csv", "Every comparison (mean, sample std over seeds)"),
+        ("paired.csv", "Paired differences on test (per seed, and a paired t-test)"),
+        ("angles.csv", "CE / contrastive gradient angles by thirds of training"),
+    ):
+        path = out / name
+        if not path.exists():
+            continue
+        with open(path, encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+        if len(rows) < 2:
+            continue
+        lines += [f"## {title}", "", "| " + " | ".join(rows[0]) + " |"]
+        lines.append("|" + "---|" * len(rows[0]))
+        lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--work-dir", type=Path, default=REPO / "study_work")
@@ -335,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copyfile(choices, dest)
     copy_small_files(records, work, out)
     figures(records, out)
+    grid_and_exit_figures(records, work, out)
+    (out / "README.md").write_text(markdown(out), encoding="utf-8")
     print(f"{len(records)} runs -> {out}")
     return 0
 

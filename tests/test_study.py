@@ -84,8 +84,26 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
             out = work / "runs" / "fewshot" / f"k{k}" / f"s{seed}"
             _write_run(out, "ce", seed, 60.0, {"accuracy": 55.0 + k / 16 + seed})
             _write_run(out, "acl", seed, 60.0, {"accuracy": 56.0 + k / 16})
+    grid = work / "runs" / "movie" / "grid"
+    _write_run(grid / "acl-lam0.1-tau0.3", "acl", 1, 81.0, {"accuracy": 79.0})
+    _write_run(grid / "acl-lam0.5-tau0.3", "acl", 1, 82.5, {"accuracy": 79.5})
+    exits = work / "runs" / "movie" / "earlyexit"
+    exits.mkdir(parents=True)
+    (exits / "acl_cl-seed1.tsv").write_text(
+        "policy\tthreshold\tbatch_size\taccuracy\tmean_exit_layer\tlayer_speedup\twall_speedup\n"
+        "entropy\t0.1\t32\t82.0\t5.0\t1.2\t1.1\nentropy\t0.5\t32\t78.0\t2.0\t3.0\t2.5\n"
+    )
     docs = tmp_path / "docs"
     assert study_report.main(["--work-dir", str(work), "--out", str(docs)]) == 0
+    with open(docs / "figures" / "lambda.csv") as f:
+        assert [r["lambda_tau"] + " " + r["dev"] for r in csv.DictReader(f)] == [
+            "0.1-tau0.3 81.0",
+            "0.5-tau0.3 82.5",
+        ]
+    assert (docs / "figures" / "early_exit.png").stat().st_size > 0
+    assert (docs / "earlyexit" / "movie" / "acl_cl-seed1.tsv").exists()
+    readme = (docs / "README.md").read_text()
+    assert "## Paired differences" in readme and "| full | acl | ce | accuracy | 3 |" in readme
 
     with open(docs / "summary.csv") as f:
         summary = list(csv.DictReader(f))
@@ -99,7 +117,7 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
         ]  # fmt: skip
         return found
 
-    r = row("full", "acl", "test", "accuracy")
+    r = row("full", "acl", "test", "accuracy", "lr=")
     assert float(r["mean"]) == pytest.approx(statistics.fmean(acl.values()), abs=1e-3)
     assert float(r["std"]) == pytest.approx(statistics.stdev(acl.values()), abs=1e-3)
     assert r["seeds"] == "3" and r["updates_per_stage"] == "100"
