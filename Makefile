@@ -12,7 +12,7 @@ $(STAMP): setup.py scripts/install.sh
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/python scripts/demo.py
+	$(BIN)/acl-fairseq-demo
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -1,59 +1,59 @@
-"""scripts/compare.py (multi-seed method comparison) and scripts/plots.py (its pictures).
+"""acl-fairseq-compare (multi-seed method comparison) and acl-fairseq-plots (its pictures).
 
 Fast tests: the table maths (mean, sample std, formatting), the run plan and the fairseq-train
 command lines, the report built from hand-written ``test.json`` files, and the plots that need
-no model. The slow test runs compare.py for real on a tiny generated dataset (every method, one
-seed, a few updates each, plus a 2-value lambda sweep of acl), checks that the report's numbers
-are the runs' own, that a repeated invocation trains nothing, and draws every plot.
+no model. The slow test runs acl-fairseq-compare for real on a tiny generated dataset (every
+method, one seed, a few updates each, plus a 2-value lambda sweep of acl), checks that the
+report's numbers are the runs' own, that a repeated invocation trains nothing, and draws every plot.
 """
 
 import csv
 import json
 import math
 import re
+import shlex
 import struct
-import sys
 from pathlib import Path
 
 import pytest
 
-from fairseq_helpers import BIN, REPO, TINY_ROBERTA, run, write_sentiment_split
+from acl_fairseq.acl_grad import AngleRecord, read_angle_log
+from acl_fairseq.cli import fairseq_log, plots, sweep_table
+from acl_fairseq.cli.compare import cli as compare_cli
+from acl_fairseq.cli.compare import plan, report
+from acl_fairseq.cli.compare import run as runner
 
-SCRIPTS = REPO / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import compare  # noqa: E402
-import plots  # noqa: E402
+from fairseq_helpers import BIN, TINY_ROBERTA, run, write_sentiment_split
 
 # ----------------------------------------------------------------------------- table maths
 
 
 def test_summarize_known_numbers():
-    mean, std, n = compare.summarize([80.0, 82.0, 84.0])
+    mean, std, n = report.summarize([80.0, 82.0, 84.0])
     assert (mean, std, n) == (82.0, 2.0, 3)  # sample std: sqrt((4 + 0 + 4) / 2)
-    mean, std, n = compare.summarize([70.0, 71.0])
+    mean, std, n = report.summarize([70.0, 71.0])
     assert mean == 70.5 and std == pytest.approx(math.sqrt(0.5)) and n == 2
-    mean, std, n = compare.summarize([81.3])
+    mean, std, n = report.summarize([81.3])
     assert mean == 81.3 and math.isnan(std) and n == 1
-    assert compare.summarize([])[2] == 0
+    assert report.summarize([])[2] == 0
 
 
 def test_formatting():
-    assert compare.fmt(82.0) == "82.00"
-    assert compare.fmt(0.70710678) == "0.71"
-    assert compare.fmt(math.nan) == "-" and compare.fmt(None) == "-"
-    assert compare.fmt_mean_std([80.0, 82.0, 84.0]) == "82.00 ± 2.00"
-    assert compare.fmt_mean_std([81.25]) == "81.25"
-    assert compare.fmt_mean_std([]) == "-"
-    assert compare.fmt_mean_std([10.0, 20.0], digits=1) == "15.0 ± 7.1"
+    assert report.fmt(82.0) == "82.00"
+    assert report.fmt(0.70710678) == "0.71"
+    assert report.fmt(math.nan) == "-" and report.fmt(None) == "-"
+    assert report.fmt_mean_std([80.0, 82.0, 84.0]) == "82.00 ± 2.00"
+    assert report.fmt_mean_std([81.25]) == "81.25"
+    assert report.fmt_mean_std([]) == "-"
+    assert report.fmt_mean_std([10.0, 20.0], digits=1) == "15.0 ± 7.1"
 
 
 def test_markdown_table_mean_std_and_seeds():
     rows = [
-        compare.Row("ce", {1: 80.0, 2: 82.0, 3: 84.0}),
-        compare.Row("acl", {1: 90.0, 3: 91.0}),  # seed 2 missing
+        report.Row("ce", {1: 80.0, 2: 82.0, 3: 84.0}),
+        report.Row("acl", {1: 90.0, 3: 91.0}),  # seed 2 missing
     ]
-    lines = compare.markdown_table(["method"], rows)
+    lines = report.markdown_table(["method"], rows)
     assert lines[0] == "| method | mean | std | n | seed 1 | seed 2 | seed 3 |"
     assert lines[2] == "| ce | 82.00 | 2.00 | 3 | 80.00 | 82.00 | 84.00 |"
     assert lines[3] == "| acl | 90.50 | 0.71 | 2 | 90.00 | - | 91.00 |"
@@ -71,26 +71,27 @@ def test_best_dev_takes_the_last_of_tied_maxima():
             '2026 | INFO | valid | {"epoch": 1, "valid_accuracy": "71", "valid_num_updates": "8"}',
         ]
     )
-    best = compare.best_dev(log)
+    best = fairseq_log.best_dev(log)
     assert best["accuracy"] == 75.5 and best["accuracy_exit1"] == 65.0
     assert best["num_updates"] == 6.0
 
 
 def test_angle_summary():
-    rows = [(0, 30.0, 1), (1, 100.0, 0), (2, 95.0, 1), (3, 35.0, 1)]
-    s = compare.angle_summary(rows)
+    rows = [AngleRecord(u, a, bool(k), math.nan) for u, a, k in
+            [(0, 30.0, 1), (1, 100.0, 0), (2, 95.0, 1), (3, 35.0, 1)]]  # fmt: skip
+    s = report.angle_summary(rows)
     assert s == {"updates": 4, "mean_angle": 65.0, "pct_over_90": 50.0, "pct_dropped": 25.0}
-    assert compare.angle_summary([]) is None
+    assert report.angle_summary([]) is None
 
 
 # ----------------------------------------------------------------------------- plan, commands
 
 
 def test_plan_adds_stage1_and_reuses_the_main_lambda():
-    runs = compare.plan_runs(["acl_cl"], [1, 2], 0.5)
+    runs = plan.plan_runs(["acl_cl"], [1, 2], 0.5)
     assert [r.name for r in runs] == ["acl-seed1", "acl_cl-seed1", "acl-seed2", "acl_cl-seed2"]
     assert runs[1].stage1 == runs[0]
-    runs = compare.plan_runs(list(compare.METHODS), [1], 0.5, [0.1, 0.5, 1.0])
+    runs = plan.plan_runs(list(plan.METHODS), [1], 0.5, [0.1, 0.5, 1.0])
     names = [r.name for r in runs]
     assert names == [
         "ce-seed1",
@@ -105,34 +106,34 @@ def test_plan_adds_stage1_and_reuses_the_main_lambda():
     ]
     assert runs[3].stage1.name == "ce-seed1" and runs[4].stage1.name == "acl-seed1"
     with pytest.raises(ValueError, match="unknown method"):
-        compare.plan_runs(["bert"], [1], 0.5)
+        plan.plan_runs(["bert"], [1], 0.5)
 
 
 def test_arch_args():
-    args = compare.read_arch_args(
+    args = plan.read_arch_args(
         None, "--arch roberta --restore-file x.pt --reset-optimizer --encoder-layers 6"
     )
     assert args == ["--arch", "roberta", "--encoder-layers", "6"]
-    assert compare.multi_exit_arch(args)[:2] == ["--arch", "multi_exit_roberta"]
-    assert compare.multi_exit_arch(["--arch=roberta_base"]) == ["--arch=multi_exit_roberta_base"]
-    assert compare.multi_exit_arch(["--arch", "multi_exit_roberta_tiny"])[1] == (
+    assert plan.multi_exit_arch(args)[:2] == ["--arch", "multi_exit_roberta"]
+    assert plan.multi_exit_arch(["--arch=roberta_base"]) == ["--arch=multi_exit_roberta_base"]
+    assert plan.multi_exit_arch(["--arch", "multi_exit_roberta_tiny"])[1] == (
         "multi_exit_roberta_tiny"
     )
     with pytest.raises(SystemExit, match="no multi-exit variant"):
-        compare.multi_exit_arch(["--arch", "transformer"])
+        plan.multi_exit_arch(["--arch", "transformer"])
     with pytest.raises(SystemExit, match="no --arch"):
-        compare.read_arch_args(None, "--encoder-layers 2")
+        plan.read_arch_args(None, "--encoder-layers 2")
 
 
 def _opts(tmp_path, *extra):
-    opts = compare.build_parser().parse_args(
+    opts = compare_cli.build_parser().parse_args(
         [str(tmp_path / "data"), "--arch-args", " ".join(TINY_ROBERTA), "--out",
          str(tmp_path / "R"), *extra]
     )  # fmt: skip
     opts.out = opts.out.resolve()
     opts.data = opts.data.resolve()
-    opts.arch_args = compare.read_arch_args(None, opts.arch_args)
-    opts.extra_args = compare.shlex.split(opts.extra)
+    opts.arch_args = plan.read_arch_args(None, opts.arch_args)
+    opts.extra_args = shlex.split(opts.extra)
     opts.num_classes, opts.n_train, opts.cpu = 2, 100, True
     return opts
 
@@ -144,11 +145,11 @@ def _flag(cmd, flag):
 def test_train_commands(tmp_path):
     opts = _opts(tmp_path, "--restore-file", str(tmp_path / "model.pt"), "--extra=--fp16")
     (tmp_path / "model.pt").write_text("")
-    assert compare.total_updates(opts) == 7  # ceil(100 / 16)
+    assert plan.total_updates(opts) == 7  # ceil(100 / 16)
 
     def cmd(method, lam=0.5):
-        run_ = compare.Run(method, 3, lam if method in compare.CONTRASTIVE_METHODS else None)
-        return compare.train_command(run_, opts, opts.out / "runs" / run_.name)
+        run_ = plan.Run(method, 3, lam if method in plan.CONTRASTIVE_METHODS else None)
+        return runner.train_command(run_, opts, opts.out / "runs" / run_.name)
 
     ce = cmd("ce")
     assert _flag(ce, "--criterion") == "sentence_prediction"
@@ -180,8 +181,8 @@ def test_train_commands(tmp_path):
         "--extra", "--patience 4", "--epochs", "3",
     )  # fmt: skip
     for method in ("multi_exit_joint", "acl_cl"):
-        run_ = compare.Run(method, 3, 0.5 if method == "acl_cl" else None)
-        command = compare.train_command(run_, stage2, stage2.out / "runs" / run_.name)
+        run_ = plan.Run(method, 3, 0.5 if method == "acl_cl" else None)
+        command = runner.train_command(run_, stage2, stage2.out / "runs" / run_.name)
         assert _flag(command, "--max-epoch") == "2" and "--patience" not in command
         assert _flag(command, "--total-num-update") == "14"  # 2 epochs x ceil(100 / 16)
         assert _flag(command, "--exit-weighting") == "uniform"
@@ -189,15 +190,13 @@ def test_train_commands(tmp_path):
         stage2.out / "runs/acl-seed3/checkpoint_best.pt"
     )
     assert _flag(command, "--cross-layer-weighting") == "uniform"
-    command = compare.train_command(compare.Run("ce", 3, None), stage2, tmp_path)
+    command = runner.train_command(plan.Run("ce", 3, None), stage2, tmp_path)
     assert _flag(command, "--max-epoch") == "3" and _flag(command, "--patience") == "4"
 
     plain = _opts(tmp_path, "--ce-scl-plain")
-    run_ = compare.Run("ce_scl", 1, 0.5)
-    assert "--acl-grad" not in compare.train_command(run_, plain, tmp_path)
-    assert "--restore-file" not in compare.train_command(
-        compare.Run("ce", 1, None), plain, tmp_path
-    )
+    run_ = plan.Run("ce_scl", 1, 0.5)
+    assert "--acl-grad" not in runner.train_command(run_, plain, tmp_path)
+    assert "--restore-file" not in runner.train_command(plan.Run("ce", 1, None), plain, tmp_path)
 
 
 def test_a_best_checkpoint_from_another_update_than_the_best_dev_record_stops(tmp_path):
@@ -205,13 +204,13 @@ def test_a_best_checkpoint_from_another_update_than_the_best_dev_record_stops(tm
 
     best = tmp_path / "checkpoint_best.pt"
     torch.save({"optimizer_history": [{"num_updates": 40}]}, best)
-    compare.check_best_checkpoint(best, {"accuracy": 80.0, "num_updates": 40.0})
-    with pytest.raises(compare.RunFailed, match="saved at update 40, but the best dev"):
-        compare.check_best_checkpoint(best, {"accuracy": 80.0, "num_updates": 30.0})
+    runner.check_best_checkpoint(best, {"accuracy": 80.0, "num_updates": 40.0})
+    with pytest.raises(runner.RunFailed, match="saved at update 40, but the best dev"):
+        runner.check_best_checkpoint(best, {"accuracy": 80.0, "num_updates": 30.0})
 
 
 def _fake_data(root: Path, n_train: int = 40) -> Path:
-    """Just enough of a binarized dataset for compare.py's planning: index headers, labels."""
+    """Just enough of a binarized dataset for the compare plan: index headers, labels."""
     (root / "input0").mkdir(parents=True)
     (root / "label").mkdir()
     for split, n in (("train", n_train), ("valid", 8), ("test", 8)):
@@ -222,17 +221,17 @@ def _fake_data(root: Path, n_train: int = 40) -> Path:
 
 
 def test_help_texts():
-    text = compare.build_parser().format_help()
+    text = compare_cli.build_parser().format_help()
     assert "--lambdas" in text and "(default: 1,2,3)" in text
     assert "--sweep-tsv" in plots.build_parser().format_help()
 
 
 def test_dataset_counts(tmp_path):
     data = _fake_data(tmp_path / "data")
-    assert compare.count_examples(data, "train") == 40
-    assert compare.count_classes(data) == 2
+    assert plan.count_examples(data, "train") == 40
+    assert plan.count_classes(data) == 2
     with pytest.raises(SystemExit, match="not found"):
-        compare.count_examples(data, "valid1")
+        plan.count_examples(data, "valid1")
 
 
 def test_stage2_is_retrained_when_its_stage1_was(tmp_path, monkeypatch, capsys):
@@ -243,9 +242,9 @@ def test_stage2_is_retrained_when_its_stage1_was(tmp_path, monkeypatch, capsys):
         calls.append((run_.name, force))
         return "trained" if run_.name == "acl-seed1" else "skipped"
 
-    monkeypatch.setattr(compare, "execute", fake_execute)
+    monkeypatch.setattr(compare_cli, "execute", fake_execute)
     args = [str(data), "--arch-args", " ".join(TINY_ROBERTA), "--out", str(tmp_path / "R")]
-    assert compare.main([*args, "--seeds", "1", "--cpu"]) == 0
+    assert compare_cli.main([*args, "--seeds", "1", "--cpu"]) == 0
     assert calls == [
         ("ce-seed1", False),
         ("ce_scl-seed1", False),
@@ -261,7 +260,7 @@ def test_stage2_is_retrained_when_its_stage1_was(tmp_path, monkeypatch, capsys):
 
 
 def _fake_run(out, method, seed, dev, test, lam=None, sweep=False, exits=None, angles=None):
-    name = compare.Run(method, seed, lam, sweep).name
+    name = plan.Run(method, seed, lam, sweep).name
     d = out / "runs" / name
     d.mkdir(parents=True)
     result = {
@@ -309,7 +308,7 @@ def _table(md, title):
 def test_report_tables(tmp_path):
     out = tmp_path / "R"
     _fake_results(out)
-    compare.write_report(out)
+    report.write_report(out)
     md = (out / "results.md").read_text()
     test = {r[0]: r[1:] for r in _table(md, "## Test accuracy")}
     assert set(test) == {"ce", "acl (λ 0.5)", "multi_exit_joint", "acl_cl (λ 0.5)"}
@@ -387,8 +386,7 @@ def test_plots_from_results_without_models(tmp_path, capsys):
 
 
 def test_early_exit_sweep_tables_are_readable(tmp_path):
-    """The table scripts/early_exit_sweep.py writes (TSV and CSV) is what plots.py reads."""
-    import early_exit_sweep
+    """The table acl-fairseq-sweep writes (TSV and CSV) is what acl-fairseq-plots reads."""
 
     row = {
         "batch_size": 1,
@@ -406,7 +404,7 @@ def test_early_exit_sweep_tables_are_readable(tmp_path):
     }
     full = {**row, "policy": "none", "threshold": None, "layer_speedup": 1.0, "wall_speedup": 1.0}
     for name in ("sweep.tsv", "sweep.csv"):
-        early_exit_sweep.write_table([full, row], tmp_path / name)
+        sweep_table.write_table([full, row], tmp_path / name)
         rows = plots.read_sweep(tmp_path / name)
         assert [r["policy"] for r in rows] == ["none", "entropy"]
         assert rows[1]["wall_speedup"] == pytest.approx(1.33)
@@ -445,7 +443,7 @@ def test_compare_then_plots_end_to_end(tmp_path):
     data = make_data_with_test(tmp_path)
     out = tmp_path / "RESULTS"
     base = [
-        sys.executable, str(SCRIPTS / "compare.py"), str(data),
+        str(BIN / "acl-fairseq-compare"), str(data),
         "--arch-args", " ".join(TINY_ROBERTA), "--restore-file", "none",
         "--seeds", "1", "--lr", "1e-3", "--log-interval", "1", "--out", str(out), "--cpu",
     ]  # fmt: skip
@@ -466,10 +464,10 @@ def test_compare_then_plots_end_to_end(tmp_path):
         run_dir = out / "runs" / name
         assert (run_dir / "train.log").exists() and (run_dir / "test.log").exists()
         if r["method"] in ("ce_scl", "acl", "acl_cl"):
-            angles = compare.read_angles(run_dir / "angles.tsv")
+            angles = read_angle_log(run_dir / "angles.tsv")
             assert len(angles) == r["angles"]["updates"] == 4  # 64 examples / batch 16
             if r["method"] == "ce_scl":  # threshold 180: measured, never dropped
-                assert r["acl_grad_threshold"] == 180.0 and all(k == 1 for _, _, k in angles)
+                assert r["acl_grad_threshold"] == 180.0 and all(a.kept for a in angles)
         else:
             assert r["angles"] is None
     assert set(results["acl_cl-seed1"]["test"]) >= {"accuracy_exit1", "accuracy_exit2"}
@@ -517,7 +515,7 @@ def test_compare_then_plots_end_to_end(tmp_path):
         "none,,1,60.0,2,1.0,1.0\nentropy,0.5,1,58.0,1.5,1.33,1.2\n"
     )
     printed = run(
-        [sys.executable, str(SCRIPTS / "plots.py"), str(out), "--data", str(data),
+        [str(BIN / "acl-fairseq-plots"), str(out), "--data", str(data),
          "--sweep-tsv", f"acl_cl={sweep_csv}"],
         timeout=900,
     )  # fmt: skip

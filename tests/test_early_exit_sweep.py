@@ -1,40 +1,23 @@
-"""``scripts/early_exit_sweep.py``: table maths on a fake model, and end to end on a checkpoint
+"""``acl-fairseq-sweep``: table maths on a fake model, and end to end on a checkpoint
 trained by ``fairseq-train``."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
+from acl_fairseq.cli import sweep as ees
 from acl_fairseq.exit_policies import ExitPolicy
 from acl_fairseq.models.multi_exit_roberta import EarlyExitResult
 
-from fairseq_helpers import REPO, fairseq_train, run
+from fairseq_helpers import BIN, fairseq_train, run
 
 HEAD = "sentence_classification_head"
-
-
-def _load_sweep() -> ModuleType:
-    name = "early_exit_sweep"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "early_exit_sweep.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ees = _load_sweep()
 
 
 # ----------------------------------------------------------------------------- fake model
@@ -205,7 +188,7 @@ def test_sweep_on_trained_checkpoint(
     # the command line (own process, 1 thread): entropy, two batch sizes, TSV
     out = run(
         [
-            sys.executable, str(REPO / "scripts" / "early_exit_sweep.py"),
+            str(BIN / "acl-fairseq-sweep"),
             "--checkpoint", str(ckpt), "--data", str(sentiment_data),
             "--policy", "entropy", "--thresholds", "0,0.3,inf",
             "--batch-sizes", "1,16", "--max-examples", "40", "--repeats", "1", "--cpu",

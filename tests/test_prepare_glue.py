@@ -1,28 +1,15 @@
-"""Tests for scripts/prepare_glue.py on tiny files in the official GLUE formats."""
+"""acl-fairseq-prepare (``acl_fairseq.cli.prepare``) on tiny files in the official GLUE formats."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("prepare_glue", ROOT / "scripts/prepare_glue.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["prepare_glue"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pg = _load_script()
+from acl_fairseq.cli.prepare import binarize, tasks, tokenizers
+from acl_fairseq.cli.prepare import cli as prepare_cli
 
 WORDS = "the a cat dog sat ran on under mat table big small red blue quickly slowly".split()
 NUM_TRAIN, NUM_DEV, NUM_TEST = 8, 5, 3
@@ -168,7 +155,7 @@ def check_task(out_dir: Path, task: str, expected: dict) -> None:
         dicts = [(bin_dir / f"input{i}/dict.txt").read_text() for i in (0, 1)]
         assert dicts[0] == dicts[1]
     labelled = {s: rows for s, rows in expected.items() if not s.startswith("test")}
-    meta = json.loads((bin_dir / pg.META_FILE).read_text())
+    meta = json.loads((bin_dir / binarize.META_FILE).read_text())
     if task == "STS-B":
         assert not (bin_dir / "label/dict.txt").exists()
         assert meta["regression"] and meta["num_classes"] == 1
@@ -189,7 +176,7 @@ def check_task(out_dir: Path, task: str, expected: dict) -> None:
 
 
 def run_main(argv: list[str]) -> int:
-    return pg.main([str(a) for a in argv])
+    return prepare_cli.main([str(a) for a in argv])
 
 
 SPM_ARGS = ["--tokenizer", "sentencepiece", "--spm-vocab-size", "200", "--workers", "1"]
@@ -203,7 +190,7 @@ def test_glue_mnli_stsb_sst2(tmp_path: Path) -> None:
     assert run_main(argv) == 0
     for task, rows in expected.items():
         check_task(out, task, rows)
-    meta = json.loads((out / "MNLI-bin" / pg.META_FILE).read_text())
+    meta = json.loads((out / "MNLI-bin" / binarize.META_FILE).read_text())
     assert set(meta["splits"]) == {"train", "valid", "valid1", "test", "test1"}
     assert meta["splits"]["valid1"]["file"].endswith("dev_mismatched.tsv")
     assert (out / "MNLI-bin/sentencepiece.model").is_file()
@@ -211,10 +198,27 @@ def test_glue_mnli_stsb_sst2(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["MNLI-bin", "SST-2-bin", "STS-B-bin"]
 
 
+def test_meta_reader_rebuilds_the_recorded_tokenizer(tmp_path: Path) -> None:
+    """``read_meta`` returns prepare_glue.json; ``meta_tokenizer`` encodes text as it was."""
+    glue, out = tmp_path / "glue", tmp_path / "out"
+    rows = write_glue_task(glue, "SST-2")["train"]
+    assert run_main(["--glue-dir", glue, "--out-dir", out, "--tasks", "SST-2"] + SPM_ARGS) == 0
+    bin_dir = out / "SST-2-bin"
+    meta = binarize.read_meta(bin_dir)
+    assert meta == json.loads((bin_dir / binarize.META_FILE).read_text())
+    assert meta["tokenizer"]["kind"] == "sentencepiece" and meta["num_classes"] == 2
+    tokenizer = binarize.meta_tokenizer(bin_dir)
+    dictionary, dataset = load(bin_dir / "input0" / "train")
+    for i in range(len(rows)):
+        assert " ".join(tokenizer.tokenize(rows[i][0])) == dictionary.string(dataset[i])
+    with pytest.raises(tasks.DataError, match="not found"):
+        binarize.read_meta(tmp_path)
+
+
 def test_glue_all_tasks(tmp_path: Path) -> None:
     """All 8 GLUE tasks in their official formats."""
     glue, out = tmp_path / "glue", tmp_path / "out"
-    expected = {task: write_glue_task(glue, task) for task in pg.GLUE_TASKS}
+    expected = {task: write_glue_task(glue, task) for task in tasks.GLUE_TASKS}
     assert run_main(["--glue-dir", glue, "--out-dir", out, "--tasks", "all"] + SPM_ARGS) == 0
     for task, rows in expected.items():
         check_task(out, task, rows)
@@ -233,13 +237,13 @@ def test_glue_table_matches_fairseq_recipe() -> None:
         "CoLA": ((4,), 2, (2,)),
     }
     for name, (inputs, label, test_inputs) in recipe.items():
-        spec = pg.GLUE_TASKS[name]
+        spec = tasks.GLUE_TASKS[name]
         train = spec.splits[0]
         assert (train.text_columns, train.label_column) == (inputs, label), name
         assert all(s.text_columns == test_inputs for s in spec.splits if s.kind == "test"), name
         assert train.header == (name != "CoLA")
-    assert [s.label_column for s in pg.GLUE_TASKS["MNLI"].splits[1:3]] == [16, 16]
-    assert pg.output_split_names(pg.GLUE_TASKS["MNLI"].splits) == [
+    assert [s.label_column for s in tasks.GLUE_TASKS["MNLI"].splits[1:3]] == [16, 16]
+    assert tasks.output_split_names(tasks.GLUE_TASKS["MNLI"].splits) == [
         "train", "valid", "valid1", "test", "test1"
     ]  # fmt: skip
 
@@ -279,7 +283,7 @@ def test_bad_rows_reported_then_skipped(tmp_path: Path, caplog: pytest.LogCaptur
         assert run_main(argv + ["--skip-bad-rows"]) == 0
     assert "skipping 3 bad row(s)" in caplog.text and f"{train}:5:" in caplog.text
     assert "no test split" in caplog.text
-    meta = json.loads((out / "RTE-bin" / pg.META_FILE).read_text())
+    meta = json.loads((out / "RTE-bin" / binarize.META_FILE).read_text())
     assert meta["splits"]["train"]["rows"] == 4 and meta["skipped_bad_rows"] == 3
     _, dataset = load(out / "RTE-bin/input0/train")
     assert len(dataset) == 4
@@ -289,22 +293,22 @@ def test_row_validation_units(tmp_path: Path) -> None:
     """No quoting, CRLF, BOM, strict field count for QQP, bad-row listing limit."""
     path = tmp_path / "x.tsv"
     path.write_bytes(b"\xef\xbb\xbfsentence\tlabel\r\n\"it's \t1\r\nbad \xff\t0\n\n")
-    rows = list(pg.iter_tsv(path, header=True))
+    rows = list(tasks.iter_tsv(path, header=True))
     assert rows == [(2, ["\"it's ", "1"]), (3, None), (4, [""])]
-    sst = pg.GLUE_TASKS["SST-2"]
-    texts, label, reason = pg.check_row(rows[0][1], sst.splits[0], sst)
+    sst = tasks.GLUE_TASKS["SST-2"]
+    texts, label, reason = tasks.check_row(rows[0][1], sst.splits[0], sst)
     assert (texts, label, reason) == (["\"it's"], "1", None)
-    assert "UTF-8" in pg.check_row(None, sst.splits[0], sst)[2]
-    assert "missing field" in pg.check_row([""], sst.splits[0], sst)[2]
-    qqp = pg.GLUE_TASKS["QQP"]
+    assert "UTF-8" in tasks.check_row(None, sst.splits[0], sst)[2]
+    assert "missing field" in tasks.check_row([""], sst.splits[0], sst)[2]
+    qqp = tasks.GLUE_TASKS["QQP"]
     seven_fields = ["1", "2", "3", "q1", "q2", "0", "x"]
-    assert "expected 6" in pg.check_row(seven_fields, qqp.splits[0], qqp)[2]
-    stsb = pg.GLUE_TASKS["STS-B"]
-    assert pg.check_label("5.000", stsb) is None
-    assert "outside" in pg.check_label("5.2", stsb)
-    assert "not a number" in pg.check_label("high", stsb)
-    bad = [pg.BadRow(path, i, "r") for i in range(25)]
-    text = pg.format_bad_rows(bad)
+    assert "expected 6" in tasks.check_row(seven_fields, qqp.splits[0], qqp)[2]
+    stsb = tasks.GLUE_TASKS["STS-B"]
+    assert tasks.check_label("5.000", stsb) is None
+    assert "outside" in tasks.check_label("5.2", stsb)
+    assert "not a number" in tasks.check_label("high", stsb)
+    bad = [tasks.BadRow(path, i, "r") for i in range(25)]
+    text = tasks.format_bad_rows(bad)
     assert text.count("x.tsv:") == 20 and "and 5 more" in text
 
 
@@ -342,14 +346,14 @@ def test_custom_wordpiece(tmp_path: Path) -> None:
 def test_wordpiece_special_tokens_and_lowercase(tmp_path: Path) -> None:
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "The"]) + "\n")
-    lower = pg.WordPieceTokenizer(str(vocab), None)
+    lower = tokenizers.WordPieceTokenizer(str(vocab), None)
     assert lower.tokenize("The [SEP] Zebra [UNK]") == ["the", "</s>", "<unk>", "<unk>"]
-    cased = pg.WordPieceTokenizer(str(vocab), False)
+    cased = tokenizers.WordPieceTokenizer(str(vocab), False)
     assert cased.tokenize("The the") == ["The", "the"]
     # a tokenizer.json carries its own lowercase setting; the flag overrides it
     lower.tokenizer.save(str(tmp_path / "tokenizer.json"))
-    assert pg.wordpiece_lowercase_default(str(tmp_path / "tokenizer.json")) is True
-    from_json = pg.WordPieceTokenizer(str(tmp_path / "tokenizer.json"), False)
+    assert tokenizers.wordpiece_lowercase_default(str(tmp_path / "tokenizer.json")) is True
+    from_json = tokenizers.WordPieceTokenizer(str(tmp_path / "tokenizer.json"), False)
     assert from_json.tokenize("The") == ["The"]
 
 
@@ -362,7 +366,7 @@ def test_gpt2_tokenizer(tmp_path: Path) -> None:
     encoder["Ġt"], encoder["Ġth"] = 256, 257
     (tmp_path / "encoder.json").write_text(json.dumps(encoder))
     (tmp_path / "vocab.bpe").write_text("#version: 0.2\nĠ t\nĠt h\n")
-    tok = pg.Gpt2Tokenizer(str(tmp_path / "encoder.json"), str(tmp_path / "vocab.bpe"))
+    tok = tokenizers.Gpt2Tokenizer(str(tmp_path / "encoder.json"), str(tmp_path / "vocab.bpe"))
     ids = tok.tokenize("a the")
     assert ids == [str(encoder["a"]), "257", str(encoder["e"])]
     assert tok.bpe.decode([int(i) for i in ids]) == "a the"
@@ -371,11 +375,11 @@ def test_gpt2_tokenizer(tmp_path: Path) -> None:
 def test_parallel_tokenization_keeps_order(tmp_path: Path) -> None:
     """The multiprocessing path returns lines in input order."""
     corpus = [sentence(i) for i in range(30)]
-    model = pg.train_sentencepiece(corpus, tmp_path / "sp", 100, 1.0, 1)
-    config = pg.TokenizerConfig("sentencepiece", spm_model=str(model))
+    model = tokenizers.train_sentencepiece(corpus, tmp_path / "sp", 100, 1.0, 1)
+    config = tokenizers.TokenizerConfig("sentencepiece", spm_model=str(model))
     columns = [corpus[:17], corpus[17:]]
-    lines, lengths = pg.tokenize_texts(config, columns, workers=2, chunk_size=4)
-    serial, _ = pg.tokenize_texts(config, columns, workers=1, chunk_size=4)
+    lines, lengths = tokenizers.tokenize_texts(config, columns, workers=2, chunk_size=4)
+    serial, _ = tokenizers.tokenize_texts(config, columns, workers=1, chunk_size=4)
     assert lines == serial
     assert [len(c) for c in lines] == [17, 13]
     assert lengths[0][0] == len(lines[0][0].split())

@@ -5,18 +5,13 @@ import csv
 import json
 import math
 import statistics
-import sys
 
 import pytest
 from scipy import stats
 
-from fairseq_helpers import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-
-import study  # noqa: E402
-import study_data  # noqa: E402
-import study_report  # noqa: E402
+from acl_fairseq.cli.study import data as study_data
+from acl_fairseq.cli.study import phases as study
+from acl_fairseq.cli.study import report as study_report
 
 
 def test_movie_splits_keep_the_demos_dev_and_test():

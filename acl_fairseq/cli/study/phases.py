@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """The converged study of docs/results.md, phase by phase, resumable.
 
-Every phase runs ``scripts/compare.py`` (resumable: a finished run is never trained again) into
+Every phase runs ``acl-fairseq-compare`` (resumable: a finished run is never trained again) into
 ``WORK/runs/<task>/...``, and every choice is made on dev and written to
 ``WORK/runs/<task>/choices.json`` with all the dev scores it was made from; test accuracy is
-only reported. The data comes from ``scripts/study_data.py`` (same ``--work-dir``).
+only reported. The data comes from ``acl-fairseq-study data`` (same ``--work-dir``).
 
 Protocol (each stage): MiniLM-L6, mean pooling, batch 32, Adam (0.9, 0.98), weight decay 0.1,
 6% warm-up then linear decay over the epoch cap, validation 4 times per epoch, the checkpoint
@@ -27,7 +26,7 @@ Phases (``TASK`` is ``movie`` or ``pair``)::
 
 Usage::
 
-    python scripts/study.py movie-lr --work-dir study_work --threads 1
+    acl-fairseq-study movie-lr --work-dir study_work --threads 1
 """
 
 from __future__ import annotations
@@ -39,10 +38,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import compare  # noqa: E402
+from acl_fairseq.cli.compare.cli import main as compare_main
+from acl_fairseq.cli.compare.plan import count_examples
+from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 
 # Sized to about 10-15 CPU-hours on 2 cores (1 thread per run, 2 runs at a time): an epoch cap
 # of 2, a 2-point lambda grid at tau 0.3 (the same for both methods and both tasks), one epoch
@@ -99,7 +97,7 @@ class Study:
 
     def stage1(self, data: Path | None = None) -> list[str]:
         data = data or self.data()
-        updates_per_epoch = -(-compare.count_examples(data) // BATCH)
+        updates_per_epoch = -(-count_examples(data) // BATCH)
         validate = updates_per_epoch // VALIDATIONS_PER_EPOCH
         return self.common(data, self.spec["epochs"], validate, f"--patience {PATIENCE}")
 
@@ -109,7 +107,7 @@ class Study:
         if not record.exists():
             record.write_text(json.dumps({"commit": git_commit()}) + "\n", encoding="utf-8")
         print(f"\n### {out.relative_to(self.work)}", flush=True)
-        code = compare.main([*args, "--out", str(out)])
+        code = compare_main([*args, "--out", str(out)])
         if code:
             raise SystemExit(f"compare failed in {out}")
 
@@ -217,7 +215,7 @@ class Study:
             checkpoint = self.root / "main" / "runs" / f"{method}-seed1" / "checkpoint_best.pt"
             subprocess.run(
                 [
-                    sys.executable, str(REPO / "scripts" / "early_exit_sweep.py"),
+                    sys.executable, "-m", "acl_fairseq.cli.sweep",
                     "--checkpoint", str(checkpoint), "--data", str(self.data()),
                     "--split", "test", "--policy", "entropy", "--thresholds", EXIT_THRESHOLDS,
                     "--batch-sizes", "32", "--repeats", "1", "--out", str(table), "--cpu",
@@ -230,7 +228,7 @@ class Study:
         for k in FEWSHOT_SIZES:
             for seed in FEWSHOT_SEEDS:
                 data = self.data(f"fewshot{k}-s{seed}-bin")
-                updates_per_epoch = -(-compare.count_examples(data) // BATCH)
+                updates_per_epoch = -(-count_examples(data) // BATCH)
                 epochs = -(-FEWSHOT_UPDATES // updates_per_epoch)
                 extra = "--validate-interval 1000 --save-interval 1000"
                 args = self.common(data, epochs, FEWSHOT_UPDATES // 4, extra)
@@ -320,7 +318,11 @@ PHASES = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="acl-fairseq-study",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("phases", nargs="+", help="e.g. movie-lr pair-grid fewshot")
     p.add_argument("--work-dir", type=Path, default=REPO / "study_work")
     p.add_argument("--threads", type=int, default=1, help="OMP threads of every run")

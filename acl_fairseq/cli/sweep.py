@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Early-exit sweep: accuracy and speed of a multi-exit checkpoint over exit thresholds.
 
 For one policy kind (``entropy``, ``maxprob`` or ``patience``) and every batch size and
@@ -16,9 +15,9 @@ the median over rounds of the per-round ratio. ``torch.set_num_threads`` is left
 
 Usage::
 
-    python scripts/early_exit_sweep.py CHECKPOINT DATA --policy entropy --out sweep.tsv
-    python scripts/early_exit_sweep.py --checkpoint CHECKPOINT --data DATA --split test
-    python scripts/early_exit_sweep.py CHECKPOINT DATA --policy patience --thresholds 0,1,2,3 \\
+    acl-fairseq-sweep CHECKPOINT DATA --policy entropy --out sweep.tsv
+    acl-fairseq-sweep --checkpoint CHECKPOINT --data DATA --split test
+    acl-fairseq-sweep CHECKPOINT DATA --policy patience --thresholds 0,1,2,3 \\
         --batch-sizes 1,8,32 --max-examples 500 --cpu
 
 ``DATA`` is the binarized ``sentence_prediction`` directory (``DATA/{input0,input1,label}``).
@@ -28,7 +27,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
@@ -40,15 +38,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-try:
-    import acl_fairseq  # noqa: F401  (registers the plugin; safe checkpoint loading)
-except ImportError:  # run from a checkout without the package installed
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import acl_fairseq  # noqa: F401
-
+import acl_fairseq  # noqa: F401  (registers the plugin; safe checkpoint loading)
+from acl_fairseq.cli.sweep_table import (
+    COLUMNS,
+    format_layer_scores,
+    format_markdown,
+    write_table,
+)
 from acl_fairseq.exit_policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, PatiencePolicy
 
 __all__ = [
+    "COLUMNS",
     "Batch",
     "POLICY_KINDS",
     "default_thresholds",
@@ -68,21 +68,6 @@ Batch = tuple[Tensor, Tensor]
 
 POLICY_KINDS = ("entropy", "maxprob", "patience")
 DEFAULT_HEAD = "sentence_classification_head"
-#: Columns of the written table, in order (``exit_share`` only goes to the file).
-COLUMNS = (
-    "batch_size",
-    "policy",
-    "threshold",
-    "examples",
-    "accuracy",
-    "mean_exit_layer",
-    "layer_speedup",
-    "full_ms",
-    "early_ms",
-    "wall_speedup",
-    "fraction_of_ideal",
-    "exit_share",
-)
 
 
 # ----------------------------------------------------------------------------- policies
@@ -355,77 +340,6 @@ def sweep(
     return rows
 
 
-# ----------------------------------------------------------------------------- output
-
-
-def _fmt(key: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if key == "exit_share":
-        return ",".join(f"{layer}:{share:.3f}" for layer, share in sorted(value.items()))
-    if key == "threshold":
-        return f"{value:g}"
-    if isinstance(value, float):
-        return f"{value:.3f}" if key in ("full_ms", "early_ms") else f"{value:.2f}"
-    return str(value)
-
-
-MARKDOWN_HEADERS = {
-    "batch_size": "batch",
-    "policy": "policy",
-    "threshold": "threshold",
-    "accuracy": "accuracy %",
-    "mean_exit_layer": "mean exit layer",
-    "layer_speedup": "layer-count speed-up",
-    "wall_speedup": "wall-clock speed-up",
-    "fraction_of_ideal": "fraction of ideal",
-    "full_ms": "full ms/ex",
-    "early_ms": "early-exit ms/ex",
-}
-
-
-def format_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """The sweep rows as a Markdown table."""
-    keys = list(MARKDOWN_HEADERS)
-    lines = [
-        "| " + " | ".join(MARKDOWN_HEADERS[k] for k in keys) + " |",
-        "|" + "---|" * len(keys),
-    ]
-    for row in rows:
-        lines.append("| " + " | ".join(_fmt(k, row[k]) for k in keys) + " |")
-    return "\n".join(lines)
-
-
-def format_layer_scores(scores: dict[int, float], num_layers: int) -> str:
-    """The per-exit accuracy (layer-score curve) as a one-row Markdown table."""
-    layers = sorted(scores)
-    head = "| exit layer | " + " | ".join(str(layer) for layer in layers) + " |"
-    sep = "|---|" + "---|" * len(layers)
-    acc = "| accuracy % | " + " | ".join(f"{scores[layer]:.2f}" for layer in layers) + " |"
-    return f"{head}\n{sep}\n{acc}\n(layer {num_layers} is the final exit)"
-
-
-def write_table(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
-    """Write the rows as TSV, or CSV when ``path`` ends in ``.csv``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    delimiter = "," if path.suffix.lower() == ".csv" else "\t"
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, delimiter=delimiter, lineterminator="\n")
-        writer.writerow(COLUMNS)
-        for row in rows:
-            values = []
-            for key in COLUMNS:
-                value = row[key]
-                if key in ("threshold", "exit_share") or value is None:
-                    values.append("" if value is None else _fmt(key, value))
-                elif isinstance(value, float):
-                    values.append(f"{value:.6g}")
-                else:
-                    values.append(str(value))
-            writer.writerow(values)
-
-
 # ----------------------------------------------------------------------------- command line
 
 
@@ -445,6 +359,7 @@ def _float_list(text: str) -> list[float]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog="acl-fairseq-sweep",
         description="Accuracy and speed of early exit over a threshold grid.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

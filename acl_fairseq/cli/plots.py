@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""Pictures of a ``scripts/compare.py`` results folder (a PNG and the CSV behind each).
+"""Pictures of a ``acl-fairseq-compare`` results folder (a PNG and the CSV behind each).
 
   (a) angles.png       histogram of the per-update ACL-Grad angle (CE gradient vs contrastive
                        gradient) over training, ce_scl (threshold 180: measured, never dropped)
@@ -9,7 +8,7 @@
                        seeds (ce / acl final-exit accuracy as reference points when present).
   (c) early_exit.png   speed/accuracy of early exit: accuracy vs layer-count speed-up (ideal)
                        and vs measured wall-clock speed-up per batch size, from the tables of
-                       scripts/early_exit_sweep.py (--sweep-tsv [LABEL=]FILE, repeatable; also
+                       acl-fairseq-sweep (--sweep-tsv [LABEL=]FILE, repeatable; also
                        every RESULTS/early_exit/*.tsv|csv). Columns read: policy, threshold,
                        batch_size, accuracy, mean_exit_layer, layer_speedup and wall_speedup
                        (or wallclock_speedup); TSV, or CSV when the name ends in .csv.
@@ -22,7 +21,7 @@
 
 Usage::
 
-    python scripts/plots.py RESULTS --data DATA [--sweep-tsv joint=sweep_joint.tsv
+    acl-fairseq-plots RESULTS --data DATA [--sweep-tsv joint=sweep_joint.tsv
         --sweep-tsv acl_cl=sweep_acl_cl.tsv] [--out RESULTS/plots] [--only a,b,d]
 
 Every plot is drawn when its inputs exist and skipped (with the reason) otherwise.
@@ -40,15 +39,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging set-up is verbose
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
-logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging set-up is verbose
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import compare  # noqa: E402
+from acl_fairseq.acl_grad import read_angle_log  # noqa: E402
+from acl_fairseq.cli.compare import report as compare_report  # noqa: E402
+from acl_fairseq.cli.compare.cli import HelpFormatter  # noqa: E402
+from acl_fairseq.cli.compare.plan import MULTI_EXIT_METHODS, SWEEP_METHODS  # noqa: E402
+from acl_fairseq.cli.sweep_table import EARLY_EXIT_CSV, read_sweep  # noqa: E402
+from acl_fairseq.cli.tsne import pooled_features, tsne_embed  # noqa: E402
 
 ANGLE_METHODS = ("ce_scl", "acl")
 TSNE_METHODS = (("ce", "CE"), ("acl", "ACL (ACL-Embed + ACL-Grad)"))
@@ -115,17 +118,17 @@ def plot_angles(results_dir: Path, out_dir: Path, methods: Sequence[str] = ANGLE
     for method in methods:
         rows, threshold, runs = [], None, []
         for run_dir in main_runs(results_dir, method):
-            angles = compare.read_angles(run_dir / "angles.tsv")
+            angles = read_angle_log(run_dir / "angles.tsv")
             if angles:
                 rows += angles
                 runs.append(run_dir.name)
                 threshold = _threshold(run_dir)
         if rows:
-            series[method] = (np.array([a for _, a, _ in rows]), rows, threshold, runs)
+            series[method] = (np.array([r.angle for r in rows]), rows, threshold, runs)
     if not series:
         raise Skipped(
-            f"no angles.tsv in runs/{{{','.join(methods)}}}-seed* (ce_scl needs compare.py "
-            "without --ce-scl-plain)"
+            f"no angles.tsv in runs/{{{','.join(methods)}}}-seed* (ce_scl needs "
+            "acl-fairseq-compare without --ce-scl-plain)"
         )
     bins = np.linspace(0.0, 180.0, 37)
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -134,7 +137,7 @@ def plot_angles(results_dir: Path, out_dir: Path, methods: Sequence[str] = ANGLE
     summary = []
     for method, (angles, rows, threshold, runs) in series.items():
         over = float(np.mean(angles > 90.0))
-        dropped = float(np.mean([k == 0 for _, _, k in rows]))
+        dropped = float(np.mean([not r.kept for r in rows]))
         thr = "?" if threshold is None else f"{threshold:g}°"
         note = (
             "nothing dropped"
@@ -180,14 +183,14 @@ def plot_angles(results_dir: Path, out_dir: Path, methods: Sequence[str] = ANGLE
 
 def plot_layer_scores(results_dir: Path, out_dir: Path):
     """(b) Test accuracy per exit, multi_exit_joint vs acl_cl, mean +- std over seeds."""
-    results = compare.main_results(compare.load_results(results_dir))
-    multi = [r for r in results if r["method"] in compare.MULTI_EXIT_METHODS]
-    layers = compare.exit_layers_of(multi)
+    results = compare_report.main_results(compare_report.load_results(results_dir))
+    multi = [r for r in results if r["method"] in MULTI_EXIT_METHODS]
+    layers = compare_report.exit_layers_of(multi)
     if not layers:
         raise Skipped("no finished multi_exit_joint / acl_cl run (test.json with accuracy_exit*)")
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     rows = []
-    for method in compare.MULTI_EXIT_METHODS:
+    for method in MULTI_EXIT_METHODS:
         runs = [r for r in multi if r["method"] == method]
         if not runs:
             continue
@@ -197,7 +200,7 @@ def plot_layer_scores(results_dir: Path, out_dir: Path):
             values = [r["test"][key] for r in runs if key in r["test"]]
             if not values:
                 continue
-            mean, std, n = compare.summarize(values)
+            mean, std, n = compare_report.summarize(values)
             xs.append(layer)
             means.append(mean)
             stds.append(0.0 if math.isnan(std) else std)
@@ -209,7 +212,7 @@ def plot_layer_scores(results_dir: Path, out_dir: Path):
     for offset, method in ((-0.08, "ce"), (0.08, "acl")):
         runs = [r for r in results if r["method"] == method]
         if runs:
-            mean, std, n = compare.summarize([r["test"]["accuracy"] for r in runs])
+            mean, std, n = compare_report.summarize([r["test"]["accuracy"] for r in runs])
             ax.errorbar(
                 [layers[-1] + offset],
                 [mean],
@@ -227,57 +230,6 @@ def plot_layer_scores(results_dir: Path, out_dir: Path):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_plot(fig, out_dir, "layer_scores", ["method", "layer", "n", "mean", "std"], rows)
-
-
-# ----------------------------------------------------------------------------- (c)
-
-SWEEP_COLUMNS = (
-    "policy",
-    "threshold",
-    "batch_size",
-    "accuracy",
-    "mean_exit_layer",
-    "layer_speedup",
-)
-WALL_COLUMNS = ("wall_speedup", "wallclock_speedup")
-EARLY_EXIT_CSV = (
-    "label",
-    "batch_size",
-    "policy",
-    "threshold",
-    "accuracy",
-    "mean_exit_layer",
-    "layer_speedup",
-    "wall_speedup",
-)
-
-
-def read_sweep(path: Path) -> list[dict[str, Any]]:
-    """Rows of an early-exit sweep table (TSV, or CSV when the name ends in .csv)."""
-    delimiter = "," if path.suffix.lower() == ".csv" else "\t"
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f, delimiter=delimiter)
-        columns = reader.fieldnames or []
-        missing = [c for c in SWEEP_COLUMNS if c not in columns]
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {missing}; it has {columns}")
-        wall = next((c for c in WALL_COLUMNS if c in columns), None)
-        rows = []
-        for raw in reader:
-            rows.append(
-                {
-                    "policy": raw["policy"],
-                    "threshold": raw["threshold"],
-                    "batch_size": int(float(raw["batch_size"])),
-                    "accuracy": float(raw["accuracy"]),
-                    "mean_exit_layer": float(raw["mean_exit_layer"]),
-                    "layer_speedup": float(raw["layer_speedup"]),
-                    "wall_speedup": float(raw[wall]) if wall and raw[wall] else math.nan,
-                }
-            )
-    if not rows:
-        raise ValueError(f"{path}: no rows")
-    return rows
 
 
 def sweep_files(results_dir: Path, specs: Sequence[str] | None) -> list[tuple[str, Path]]:
@@ -301,7 +253,7 @@ def plot_early_exit(results_dir: Path, out_dir: Path, specs: Sequence[str] | Non
     files = sweep_files(results_dir, specs)
     if not files:
         raise Skipped(
-            "no early-exit table: pass --sweep-tsv [LABEL=]FILE (scripts/early_exit_sweep.py "
+            "no early-exit table: pass --sweep-tsv [LABEL=]FILE (acl-fairseq-sweep "
             f"--out FILE) or put them in {results_dir / 'early_exit'}/"
         )
     missing = [str(p) for _, p in files if not p.exists()]
@@ -354,81 +306,6 @@ def plot_early_exit(results_dir: Path, out_dir: Path, specs: Sequence[str] | Non
 
 
 # ----------------------------------------------------------------------------- (d)
-
-
-def pooled_features(checkpoint: Path, data: Path, split: str = "test", batch_size: int = 64):
-    """``(features N x C, targets N, ids N, label embeddings K x C, label names, predictions)``.
-
-    The pooled feature is the input of the final classification head's ``out_proj``
-    (captured with a forward pre-hook); the label embeddings are ``out_proj.weight``.
-    """
-    import torch
-    from fairseq import checkpoint_utils, utils
-
-    import acl_fairseq  # noqa: F401  (registers the plugin; safe checkpoint loading)
-
-    logging.getLogger("fairseq").setLevel(logging.WARNING)
-
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data)}
-    )
-    model = models[0].eval()
-    head_name = getattr(task.cfg, "classification_head_name", None)
-    head_name = head_name or "sentence_classification_head"
-    head = model.classification_heads[head_name]
-    task.load_dataset(split)
-    itr = task.get_batch_iterator(
-        dataset=task.dataset(split),
-        max_sentences=batch_size,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
-        ignore_invalid_inputs=True,
-        seed=1,
-        num_workers=0,
-    ).next_epoch_itr(shuffle=False)
-    captured: list[torch.Tensor] = []
-    handle = head.out_proj.register_forward_pre_hook(
-        lambda _m, args: captured.append(args[0].detach())
-    )
-    feats, targets, ids, preds = [], [], [], []
-    try:
-        with torch.no_grad():
-            for sample in itr:
-                captured.clear()
-                logits, _ = model(
-                    **sample["net_input"], features_only=True, classification_head_name=head_name
-                )
-                feats.append(captured[-1].float())
-                targets.append(sample["target"].view(-1))
-                ids.append(sample["id"])
-                preds.append(logits.argmax(dim=-1))
-    finally:
-        handle.remove()
-    order = torch.cat(ids).argsort()
-    labels = head.out_proj.weight.detach().float()
-    d = task.label_dictionary
-    names = [d[i + d.nspecial] for i in range(labels.size(0))]
-    return (
-        torch.cat(feats)[order].numpy(),
-        torch.cat(targets)[order].numpy(),
-        torch.cat(ids)[order].numpy(),
-        labels.numpy(),
-        names,
-        torch.cat(preds)[order].numpy(),
-    )
-
-
-def _normalise(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
-def tsne_embed(features: np.ndarray, labels: np.ndarray, seed: int = 0) -> np.ndarray:
-    """2-D t-SNE of the normalised samples and label embeddings together (samples first)."""
-    from sklearn.manifold import TSNE
-
-    x = np.concatenate([_normalise(features), _normalise(labels)])
-    perplexity = float(min(30.0, max(2.0, (len(x) - 1) / 3.0)))
-    tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed)
-    return tsne.fit_transform(x)
 
 
 def plot_tsne(
@@ -509,20 +386,20 @@ def plot_tsne(
 
 def plot_lambda(results_dir: Path, out_dir: Path):
     """(e) Test accuracy vs lambda for ce_scl and acl (mean +- std over seeds)."""
-    results = compare.load_results(results_dir)
-    groups = {m: compare.lambda_groups(results, m) for m in compare.SWEEP_METHODS}
+    results = compare_report.load_results(results_dir)
+    groups = {m: compare_report.lambda_groups(results, m) for m in SWEEP_METHODS}
     groups = {m: g for m, g in groups.items() if len(g) > 1}
     if not groups:
-        raise Skipped("no lambda sweep (compare.py --lambdas ...) with two or more values")
+        raise Skipped("no lambda sweep (acl-fairseq-compare --lambdas ...) with two or more values")
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     rows = []
     all_lams = sorted({lam for g in groups.values() for lam in g})
     for method, by_lambda in groups.items():
-        chosen = compare.chosen_on_dev(by_lambda)
+        chosen = compare_report.chosen_on_dev(by_lambda)
         xs, means, stds = [], [], []
         for lam, runs in by_lambda.items():
-            dev = compare.summarize([r["dev"]["accuracy"] for r in runs])
-            test = compare.summarize([r["test"]["accuracy"] for r in runs])
+            dev = compare_report.summarize([r["dev"]["accuracy"] for r in runs])
+            test = compare_report.summarize([r["test"]["accuracy"] for r in runs])
             xs.append(lam)
             means.append(test[0])
             stds.append(0.0 if math.isnan(test[1]) else test[1])
@@ -533,9 +410,9 @@ def plot_lambda(results_dir: Path, out_dir: Path):
         ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, color=color, label=method)
         i = xs.index(chosen)
         ax.scatter([xs[i]], [means[i]], s=220, facecolors="none", edgecolors=color, linewidths=1.5)
-    ce = [r for r in compare.main_results(results) if r["method"] == "ce"]
+    ce = [r for r in compare_report.main_results(results) if r["method"] == "ce"]
     if ce:
-        mean, std, n = compare.summarize([r["test"]["accuracy"] for r in ce])
+        mean, std, n = compare_report.summarize([r["test"]["accuracy"] for r in ce])
         ax.axhline(mean, color=COLORS["ce"], linestyle="--", label=f"ce (n={n})")
         if not math.isnan(std):
             ax.axhspan(mean - std, mean + std, color=COLORS["ce"], alpha=0.15)
@@ -566,14 +443,16 @@ NAMES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=compare._HelpFormatter)
-    p.add_argument("results", type=Path, help="the --out folder of scripts/compare.py")
+    p = argparse.ArgumentParser(
+        prog="acl-fairseq-plots", description=__doc__, formatter_class=HelpFormatter
+    )
+    p.add_argument("results", type=Path, help="the --out folder of acl-fairseq-compare")
     p.add_argument("--data", type=Path, help="binarized data of the runs (for the t-SNE)")
     p.add_argument(
         "--sweep-tsv",
         action="append",
         metavar="[LABEL=]FILE",
-        help="early_exit_sweep.py table (repeatable)",
+        help="acl-fairseq-sweep table (repeatable)",
     )
     p.add_argument("--out", type=Path, help="output folder (default: RESULTS/plots)")
     p.add_argument("--only", default=",".join(PLOTS), help="comma list of a,b,c,d,e")
@@ -586,7 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not (args.results / "runs").is_dir():
-        raise SystemExit(f"{args.results}/runs not found: is it a compare.py results folder?")
+        raise SystemExit(
+            f"{args.results}/runs not found: is it an acl-fairseq-compare results folder?"
+        )
     out = args.out or args.results / "plots"
     out.mkdir(parents=True, exist_ok=True)
     only = [x.strip() for x in args.only.split(",") if x.strip()]

@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""Tables and figures of the converged study (``scripts/study.py``) for docs/study/.
+"""Tables and figures of the converged study (``acl-fairseq-study``) for docs/study/.
 
 Reads every finished run under ``WORK/runs`` and writes to ``--out`` (default docs/study):
 
@@ -17,7 +16,7 @@ Reads every finished run under ``WORK/runs`` and writes to ``--out`` (default do
 
 Usage::
 
-    python scripts/study_report.py --work-dir study_work --out docs/study
+    acl-fairseq-study report --work-dir study_work --out docs/study
 """
 
 from __future__ import annotations
@@ -34,10 +33,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import compare  # noqa: E402
+from acl_fairseq.acl_grad import read_angle_log
+from acl_fairseq.cli.compare.plan import METRIC_RE, count_examples, flag_value
+from acl_fairseq.cli.fairseq_log import log_records
+from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 
 SUMMARY_COLUMNS = [
     "study", "method", "variant", "n_train", "seeds", "updates_per_stage", "split", "metric",
@@ -48,13 +47,11 @@ SMALL_FILES = ("test.json", "run.json", "command.txt", "train.log", "test.log", 
 
 
 def flag(command: Sequence[str], name: str) -> str | None:
-    return compare._flag_value(command, name)
+    return flag_value(command, name)
 
 
 def train_log_records(path: Path, kind: str) -> list[dict]:
-    if not path.exists():
-        return []
-    return compare.json_records(path.read_text(encoding="utf-8").splitlines(), kind)
+    return log_records(path, kind)
 
 
 def variant_of(method: str, command: Sequence[str]) -> str:
@@ -95,7 +92,7 @@ def collect(work: Path) -> list[dict[str, Any]]:
             "method": result["method"],
             "seed": result["seed"],
             "variant": variant_of(result["method"], command),
-            "n_train": compare.count_examples(data) if data.exists() else "",
+            "n_train": count_examples(data) if data.exists() else "",
             "updates": updates,
             "best_update": int(result["dev"].get("num_updates", 0)),
             "stage1": result.get("stage1"),
@@ -104,7 +101,7 @@ def collect(work: Path) -> list[dict[str, Any]]:
             "run_dir": run_dir,
         }
         for key, value in result["test"].items():
-            if compare._METRIC_RE.match(key):
+            if METRIC_RE.match(key):
                 record[f"test_{key}"] = value
         records.append(record)
     return records
@@ -207,14 +204,14 @@ def angle_rows(records: list[dict]) -> list[list[Any]]:
         if not path.exists() or path.resolve() in seen:
             continue
         seen.add(path.resolve())
-        angles = compare.read_angles(path)
+        angles = read_angle_log(path)
         if not angles:
             continue
         n = len(angles)
         thirds = {"early": angles[: n // 3], "middle": angles[n // 3 : 2 * n // 3]}
         thirds.update({"late": angles[2 * n // 3 :], "all": angles})
         for part, rows_ in thirds.items():
-            values = [a for _, a, _ in rows_]
+            values = [a.angle for a in rows_]
             if not values:
                 continue
             share = {
@@ -223,7 +220,7 @@ def angle_rows(records: list[dict]) -> list[list[Any]]:
             rows.append([
                 r["study"], r["folder"], r["run"], r["method"], r["variant"], part, len(values),
                 round(statistics.fmean(values), 2), share[60], share[75], share[90],
-                sum(k == 0 for _, _, k in rows_),
+                sum(not a.kept for a in rows_),
             ])  # fmt: skip
     return rows
 
@@ -339,7 +336,7 @@ def grid_and_exit_figures(records: list[dict], work: Path, out: Path) -> None:
         write_csv(fig_dir / "lambda.csv", ["task", "method", "lambda_tau", "dev", "test"], rows)
     tables = sorted((work / "runs").glob("*/earlyexit/*.tsv"))
     if tables:
-        import plots
+        from acl_fairseq.cli.sweep_table import read_sweep
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for table in tables:
@@ -347,7 +344,7 @@ def grid_and_exit_figures(records: list[dict], work: Path, out: Path) -> None:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(table, dest)
             points = sorted(
-                (float(r["layer_speedup"]), float(r["accuracy"])) for r in plots.read_sweep(table)
+                (float(r["layer_speedup"]), float(r["accuracy"])) for r in read_sweep(table)
             )
             label = f"{table.parent.parent.name} {table.stem}"
             ax.plot(*zip(*points), marker="o", label=label)
@@ -362,7 +359,7 @@ def grid_and_exit_figures(records: list[dict], work: Path, out: Path) -> None:
 def markdown(out: Path) -> str:
     """docs/study/README.md: the CSVs as tables."""
     lines = ["# Converged study: generated tables", "",
-             "Written by `scripts/study_report.py` from the runs; see docs/results.md for the "
+             "Written by `acl-fairseq-study report` from the runs; see docs/results.md for the "
              "protocol and the verdicts.", ""]  # fmt: skip
     for name, title in (
         ("summary.csv", "Every comparison (mean, sample std over seeds)"),
@@ -384,7 +381,11 @@ def markdown(out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="acl-fairseq-study report",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--work-dir", type=Path, default=REPO / "study_work")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "study")
     args = p.parse_args(argv)

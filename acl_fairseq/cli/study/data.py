@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Data of the converged study (docs/results.md): the movie-review sentences with all the
 labelled training data, the sentence-pair task, and the few-shot subsets.
 
@@ -14,7 +13,7 @@ Every split is fixed and reproducible:
 
 Usage::
 
-    python scripts/study_data.py --work-dir study_work \
+    acl-fairseq-study data --work-dir study_work \
         --pair-tsv ../shared/data/vitaminc_pairs_10k.tsv
 """
 
@@ -26,11 +25,9 @@ import shutil
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-
-import demo  # noqa: E402
-import prepare_glue  # noqa: E402
+from acl_fairseq.cli import demo
+from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
+from acl_fairseq.cli.prepare.cli import main as prepare_main
 
 DEMO_TRAIN, DEV, TEST = 1600, 600, 2000
 PAIR_SPLITS = {"train": (0, 6000), "dev": (6000, 7000), "test": (7000, 10000)}
@@ -76,7 +73,7 @@ def fewshot_train(train: list[tuple[str, str]], per_class: int, seed: int) -> li
 
 
 def write_tsv(path: Path, rows: list[tuple[str, ...]]) -> None:
-    """Plain TSV, no quoting (as GLUE's files and prepare_glue.py read them)."""
+    """Plain TSV, no quoting (as GLUE's files and acl-fairseq-prepare read them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for row in rows:
@@ -89,7 +86,7 @@ def binarize(raw: Path, name: str, model_dir: Path, out: Path, text_columns: str
     data = out / f"{name}-bin"
     if (data / "label" / "dict.txt").exists():
         return data
-    code = prepare_glue.main(
+    code = prepare_main(
         [
             "--task", "custom", "--name", name, "--out-dir", str(out),
             "--train", str(raw / "train.tsv"), "--valid", str(raw / "dev.tsv"),
@@ -115,7 +112,11 @@ def pair_splits(tsv: Path) -> dict[str, list[tuple[str, str, str]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="acl-fairseq-study data",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--work-dir", type=Path, default=REPO / "study_work")
     p.add_argument("--pair-tsv", type=Path, help="vitaminc_pairs_10k.tsv (skip the pair task)")
     p.add_argument("--no-fewshot", action="store_true", help="skip the few-shot subsets")

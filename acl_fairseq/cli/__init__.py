@@ -1,0 +1,1 @@
+"""The command-line tools of acl-fairseq (console commands ``acl-fairseq-*``)."""

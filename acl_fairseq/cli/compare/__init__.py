@@ -1,0 +1,1 @@
+"""``acl-fairseq-compare``: fine-tuning methods compared over seeds (plan, run, report)."""

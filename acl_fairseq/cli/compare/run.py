@@ -1,0 +1,355 @@
+"""Running a comparison: the fairseq-train / fairseq-validate commands of a run, their
+execution with streamed progress, and the run's result (``test.json``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from acl_fairseq.acl_grad import read_angle_log
+from acl_fairseq.cli.compare.plan import (
+    CE_SCL_ANGLE_THRESHOLD,
+    Run,
+    flag_groups,
+    format_lambda,
+    multi_exit_arch,
+    run_epochs,
+    run_extra_args,
+    total_updates,
+)
+from acl_fairseq.cli.compare.report import angle_summary
+from acl_fairseq.cli.fairseq_log import best_dev, json_records, test_metrics
+from acl_fairseq.cli.paths import BIN, USER_DIR
+
+
+def method_flags(run: Run, opts: argparse.Namespace) -> list[str]:
+    lam = format_lambda(run.lam)
+    temperature = f"{opts.temperature:g}"
+    threshold = f"{opts.acl_grad_threshold:g}"
+    exit_layers = ["--exit-layers", opts.exit_layers] if opts.exit_layers else []
+    if run.method == "ce":
+        return ["--criterion", "sentence_prediction", "--exit-layers", "none"]
+    if run.method == "ce_scl":
+        flags = ["--criterion", "ce_scl", "--contrastive-lambda", lam, "--temperature", temperature]
+        if not opts.ce_scl_plain:
+            flags += ["--acl-grad", "--acl-grad-threshold", f"{CE_SCL_ANGLE_THRESHOLD:g}"]
+        return flags + ["--exit-layers", "none"]
+    if run.method == "acl":
+        return [
+            "--criterion", "acl_embed", "--contrastive-lambda", lam, "--temperature", temperature,
+            "--acl-grad-threshold", threshold, "--exit-layers", "none",
+        ]  # fmt: skip
+    if opts.exit_weighting:
+        exit_layers += ["--exit-weighting", opts.exit_weighting]
+    if run.method == "multi_exit_joint":
+        return ["--criterion", "multi_exit_ce", *exit_layers]
+    if run.method == "acl_cl":
+        variant = []
+        if opts.cross_layer_weighting != "exit":
+            variant += ["--cross-layer-weighting", opts.cross_layer_weighting]
+        if opts.acl_cl_teacher == "frozen":
+            assert run.stage1 is not None
+            stage1_best = opts.out / "runs" / run.stage1.name / "checkpoint_best.pt"
+            variant += ["--frozen-teacher", str(stage1_best)]
+        return [
+            "--criterion", "acl_cross_layer", "--contrastive-lambda", lam,
+            "--cross-layer-lambda", f"{opts.cross_layer_lambda:g}", "--temperature", temperature,
+            "--acl-grad-threshold", threshold, *exit_layers, *variant,
+        ]  # fmt: skip
+    raise ValueError(run.method)
+
+
+def grad_threshold(run: Run, opts: argparse.Namespace) -> float | None:
+    """The ACL-Grad threshold a run uses (None: no angles are measured)."""
+    if run.method == "ce_scl":
+        return None if opts.ce_scl_plain else CE_SCL_ANGLE_THRESHOLD
+    if run.method in ("acl", "acl_cl"):
+        return opts.acl_grad_threshold
+    return None
+
+
+def train_command(run: Run, opts: argparse.Namespace, run_dir: Path) -> list[str]:
+    updates = total_updates(opts, run)
+    if run.stage1 is not None:
+        restore = [str(opts.out / "runs" / run.stage1.name / "checkpoint_best.pt")]
+    elif opts.restore_file.lower() == "none":
+        restore = []
+    else:
+        restore = [str(Path(opts.restore_file).resolve())]
+    if restore:
+        restore = ["--restore-file", *restore, "--reset-optimizer", "--reset-dataloader"]
+        restore.append("--reset-meters")
+    validate_every = opts.validate_interval_updates or max(1, updates // 3)
+    cmd = [
+        str(BIN / "fairseq-train"), str(opts.data), "--user-dir", str(USER_DIR),
+        "--task", "acl_sentence_prediction", *multi_exit_arch(opts.arch_args),
+        *method_flags(run, opts), "--exit-pooling", opts.exit_pooling, *restore,
+        "--num-classes", str(opts.num_classes), "--init-token", "0",
+        *(["--separator-token", "2"] if (opts.data / "input1").is_dir() else []),
+        "--batch-size", str(opts.batch_size), "--required-batch-size-multiple", "1",
+        "--max-epoch", str(run_epochs(run, opts)),
+        *(["--max-update", str(opts.max_update)] if opts.max_update else []),
+        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6",
+        "--weight-decay", "0.1", "--lr", f"{opts.lr:g}", "--lr-scheduler", "polynomial_decay",
+        "--total-num-update", str(updates),
+        "--warmup-updates", str(max(1, updates * opts.warmup_percent // 100)),
+        "--valid-subset", opts.dev_subset,
+        "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
+        "--no-epoch-checkpoints", "--no-last-checkpoints", "--no-save-optimizer-state",
+        "--save-dir", str(run_dir), "--seed", str(run.seed),
+        *(["--cpu"] if opts.cpu else []), "--num-workers", "0",
+        "--log-format", "json", "--log-interval", str(opts.log_interval),
+        "--validate-interval-updates", str(validate_every),
+        # fairseq saves checkpoint_best.pt only where it saves: at every validation, so the
+        # best checkpoint is the best dev record (the interval copies are deleted after training)
+        "--save-interval-updates", str(validate_every), "--keep-interval-updates", "1",
+        "--acl-grad-log", str(run_dir / "angles.tsv"),
+        *run_extra_args(run, opts),
+    ]  # fmt: skip
+    return cmd
+
+
+def validate_command(opts: argparse.Namespace, checkpoint: Path) -> list[str]:
+    """``fairseq-validate`` on the test split. fairseq-validate evaluates with the criterion
+    saved in the checkpoint (the multi-exit ones log ``accuracy_exit{l}`` of every exit); the
+    ``--criterion`` here only lets the command line parse (the task's config refers to
+    ``criterion.classification_head_name``, which the default criterion lacks)."""
+    return [
+        str(BIN / "fairseq-validate"), str(opts.data), "--user-dir", str(USER_DIR),
+        "--task", "acl_sentence_prediction", "--criterion", "sentence_prediction",
+        "--path", str(checkpoint),
+        "--valid-subset", opts.test_subset, "--batch-size", str(opts.eval_batch_size),
+        *(["--cpu"] if opts.cpu else []), "--num-workers", "0", "--log-format", "json",
+    ]  # fmt: skip
+
+
+def portable(cmd: Sequence[str], opts: argparse.Namespace) -> list[str]:
+    """The command with this results folder written as ``<out>`` (compared on resume)."""
+    out = str(opts.out)
+    return [a.replace(out, "<out>") for a in cmd]
+
+
+def check_best_checkpoint(best: Path, dev: dict[str, float]) -> None:
+    """Stops unless ``best`` was saved at the update of the best dev record."""
+    import torch
+
+    state = torch.load(best, map_location="cpu", weights_only=False, mmap=True)
+    saved = state["optimizer_history"][-1]["num_updates"]
+    if "num_updates" in dev and int(dev["num_updates"]) != int(saved):
+        raise RunFailed(
+            f"{best} was saved at update {saved}, but the best dev accuracy was at update "
+            f"{int(dev['num_updates'])}: the checkpoint does not match the dev record"
+        )
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """Elapsed time and an ETA from the durations of the runs trained so far."""
+
+    def __init__(self, total: int):
+        self.start = time.time()
+        self.total = total
+        self.durations: list[float] = []
+
+    def eta(self, remaining: int, current: float | None = None) -> str:
+        """``remaining``: runs still to do, the current one included; ``current``: projected
+        duration of the current run (from its own updates) when nothing finished yet."""
+        per_run = statistics.fmean(self.durations) if self.durations else current
+        if per_run is None:
+            return "ETA after the first run"
+        return f"ETA {_clock(per_run * remaining)}"
+
+    def elapsed(self) -> str:
+        return f"elapsed {_clock(time.time() - self.start)}"
+
+
+def stream(cmd: list[str], log_file: Path, on_record=None) -> int:
+    """Runs ``cmd`` with its output to ``log_file``; ``on_record(kind, record)`` per JSON
+    progress record. Returns the exit status."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    with open(log_file, "w", encoding="utf-8") as f:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                f.write(line)
+                f.flush()
+                if on_record is None:
+                    continue
+                for kind in ("train_inner", "valid"):
+                    if f"| {kind} |" in line:
+                        for record in json_records([line]):
+                            on_record(kind, record)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        return proc.wait()
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return "\n".join(lines[-n:])
+
+
+class RunFailed(Exception):
+    pass
+
+
+def check_same_flags(run: Run, run_dir: Path, expected: list[str]) -> None:
+    meta = run_dir / "run.json"
+    if not meta.exists():
+        return
+    saved = json.loads(meta.read_text(encoding="utf-8")).get("train_command")
+    if saved is None or saved == expected:
+        return
+    cosmetic = ("--log-interval ",)  # does not change the run's results
+    old_flags, new_flags = (
+        [g for g in flag_groups(args) if not g.startswith(cosmetic)] for args in (saved, expected)
+    )
+    if old_flags == new_flags:
+        return
+    only_old = [g for g in old_flags if g not in new_flags]
+    only_new = [g for g in new_flags if g not in old_flags]
+    raise SystemExit(
+        f"{run_dir} was trained with other flags than asked for now (only then: "
+        f"{', '.join(only_old) or '-'}; only now: {', '.join(only_new) or '-'}). Pass --force "
+        "to train it again, or write to another --out."
+    )
+
+
+def execute(
+    run: Run, opts: argparse.Namespace, progress: Progress, index: int, force: bool = False
+) -> str:
+    """Trains (unless done) and evaluates one run; returns 'skipped', 'evaluated' or 'trained'.
+    ``force``: train again even if done (``--force``, or its stage 1 was trained again)."""
+    run_dir = opts.out / "runs" / run.name
+    test_json = run_dir / "test.json"
+    cmd = train_command(run, opts, run_dir)
+    expected = portable(cmd, opts)
+    tag = f"[{index}/{progress.total}] {run.name}"
+    if not force:
+        check_same_flags(run, run_dir, expected)
+        if test_json.exists():
+            print(f"{tag}: done before ({test_json})", flush=True)
+            return "skipped"
+    best = run_dir / "checkpoint_best.pt"
+    trained_before = not force and best.exists() and (run_dir / "train.done").exists()
+    remaining = progress.total - index + 1
+    start = time.time()
+    if trained_before:
+        print(f"{tag}: trained before, evaluating; {progress.elapsed()}", flush=True)
+    else:
+        if run.stage1 is not None:
+            stage1_best = opts.out / "runs" / run.stage1.name / "checkpoint_best.pt"
+            if not stage1_best.exists():
+                raise RunFailed(f"{run.name} restores {stage1_best}, which does not exist")
+        updates = total_updates(opts, run)
+        print(
+            f"{tag}: training {updates} updates; {progress.elapsed()}, {progress.eta(remaining)}",
+            flush=True,
+        )
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n", encoding="utf-8")
+        (run_dir / "run.json").write_text(
+            json.dumps(
+                {
+                    "run": run.name,
+                    "method": run.method,
+                    "seed": run.seed,
+                    "lambda": run.lam,
+                    "sweep": run.sweep,
+                    "acl_grad_threshold": grad_threshold(run, opts),
+                    "stage1": run.stage1.name if run.stage1 else None,
+                    "train_command": expected,
+                },
+                indent=1,
+            )
+            + "\n",
+            encoding="utf-8",
+        )
+
+        def on_record(kind: str, record: dict) -> None:
+            if kind == "train_inner":
+                done = int(float(record.get("num_updates", 0)))
+                wall = float(record.get("wall", 0))
+                projected = wall / done * updates if done else None
+                angle = record.get("acl_grad_angle")
+                print(
+                    f"   update {done}/{updates} loss {record.get('loss')} "
+                    f"acc {record.get('accuracy')}"
+                    + (f" angle {angle}" if angle is not None else "")
+                    + f" | run {_clock(time.time() - start)}, {progress.eta(remaining, projected)}",
+                    flush=True,
+                )
+            else:
+                prefix = f"{opts.dev_subset}_"
+                print(
+                    f"   dev at update {record.get(prefix + 'num_updates')}: accuracy "
+                    f"{record.get(prefix + 'accuracy')}",
+                    flush=True,
+                )
+
+        code = stream(cmd, run_dir / "train.log", on_record)
+        if code != 0 or not best.exists():
+            raise RunFailed(
+                f"training {run.name} failed (exit {code}); {run_dir / 'train.log'}:\n"
+                + _tail(run_dir / "train.log")
+            )
+        for interval_copy in run_dir.glob("checkpoint_*_*.pt"):
+            interval_copy.unlink()
+        (run_dir / "train.done").write_text("", encoding="utf-8")
+
+    dev = best_dev((run_dir / "train.log").read_text(encoding="utf-8"), opts.dev_subset)
+    check_best_checkpoint(best, dev)
+    code = stream(validate_command(opts, best), run_dir / "test.log")
+    if code != 0:
+        raise RunFailed(
+            f"evaluating {run.name} failed (exit {code}); {run_dir / 'test.log'}:\n"
+            + _tail(run_dir / "test.log")
+        )
+    test = test_metrics((run_dir / "test.log").read_text(encoding="utf-8"), opts.test_subset)
+    meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    result = {
+        **{k: v for k, v in meta.items() if k != "train_command"},
+        "dev_subset": opts.dev_subset,
+        "test_subset": opts.test_subset,
+        "dev": dev,
+        "test": test,
+        "angles": angle_summary(read_angle_log(run_dir / "angles.tsv")),
+        "seconds": round(time.time() - start, 1),
+    }
+    test_json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    if run.sweep and not opts.keep_sweep_checkpoints:
+        best.unlink()
+    if not trained_before:
+        progress.durations.append(time.time() - start)
+    exits = sorted(k for k in test if k.startswith("accuracy_exit"))
+    per_exit = (
+        " (exits: " + ", ".join(f"{k[len('accuracy_exit') :]}: {test[k]:g}" for k in exits) + ")"
+        if exits
+        else ""
+    )
+    print(
+        f"{tag}: dev {dev['accuracy']:g}, test {test['accuracy']:g}{per_exit}; run "
+        f"{_clock(time.time() - start)}, {progress.elapsed()}",
+        flush=True,
+    )
+    return "evaluated" if trained_before else "trained"

@@ -1,0 +1,1 @@
+"""``acl-fairseq-prepare``: GLUE / TSV data binarized for fairseq (tasks, tokenizers, binarize)."""

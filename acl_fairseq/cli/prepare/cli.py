@@ -1,0 +1,298 @@
+"""Turn GLUE (or any TSV classification data) into fairseq binarized data.
+
+The output layout is the one of fairseq's RoBERTa GLUE recipe
+(``examples/roberta/preprocess_GLUE_tasks.sh``)::
+
+    OUT/TASK-bin/input0/{dict.txt,train.*,valid.*,test.*}
+    OUT/TASK-bin/input1/...                 (sentence-pair tasks only)
+    OUT/TASK-bin/label/{dict.txt,train.*,valid.*}   (classification)
+    OUT/TASK-bin/label/{train,valid}.label          (regression, plain floats)
+    OUT/TASK-bin/prepare_glue.json                  (summary: num_classes, row counts, ...)
+
+so that ``fairseq-train OUT/TASK-bin --task sentence_prediction ...`` works.
+
+Conventions taken over from fairseq's recipe:
+
+* MNLI: ``dev_matched`` becomes split ``valid`` and ``dev_mismatched`` becomes ``valid1``
+  (``test_matched`` -> ``test``, ``test_mismatched`` -> ``test1``): the recipe passes
+  ``--validpref matched,mismatched`` and fairseq-preprocess names the k-th extra prefix
+  ``valid{k}``. Evaluate both with ``--valid-subset valid,valid1``.
+* STS-B: the 0..5 similarity score is divided by 5.0 and written as plain text
+  ``label/{train,valid}.label`` (the recipe's ``awk '{print $1 / 5.0}'``), for
+  ``--regression-target --num-classes 1``.
+* Test splits are binarized for the inputs only (GLUE test files have no labels).
+
+Tokenizers (``--tokenizer``):
+
+* ``gpt2``: RoBERTa's GPT-2 BPE (fairseq's ``gpt2_bpe_utils.get_encoder``), ids written as
+  strings like ``multiprocessing_bpe_encoder.py``; ``--srcdict`` is RoBERTa's dict.txt.
+* ``wordpiece``: BERT WordPiece (``tokenizers``) from a vocab.txt or tokenizer.json, without
+  [CLS]/[SEP] (``<s>`` comes from ``--init-token 0``, ``</s>`` from binarization). BERT
+  specials in the output become fairseq's: [UNK] -> ``<unk>``, [CLS] -> ``<s>``,
+  [SEP] -> ``</s>``, [PAD] -> ``<pad>``, [MASK] -> ``<mask>`` (``<unk>`` if the dict lacks it).
+  ``--srcdict`` is the dict.txt written by ``acl-fairseq-convert-bert``.
+* ``sentencepiece``: a unigram model trained per task on its training inputs (saved as
+  ``TASK-bin/sentencepiece.model``). The dictionary is built here rather than by
+  fairseq-preprocess, because input0 and input1 must share one dictionary
+  (``sentence_prediction`` reads input0's for both): every piece of the model, ordered by
+  training frequency, padded to a multiple of 8 like fairseq-preprocess does.
+
+fairseq-preprocess runs in-process by default (fairseq is imported once instead of once per
+call, several seconds each); ``--preprocess-subprocess`` runs the executable instead.
+
+Unlike the recipe, rows with a missing field, an empty text or a label outside the task's
+label set are never silently dropped: they are reported with file and line number and stop
+the run, unless ``--skip-bad-rows`` is given.
+
+Examples::
+
+    acl-fairseq-prepare --glue-dir glue_data --out-dir glue-bin --tasks all \\
+        --tokenizer gpt2 --gpt2-encoder-json encoder.json --gpt2-vocab-bpe vocab.bpe \\
+        --srcdict dict.txt
+    acl-fairseq-prepare --task custom --name reviews --train train.tsv \\
+        --valid dev.tsv --text-columns 1 --label-column 2 --header --out-dir data-bin \\
+        --tokenizer sentencepiece --spm-vocab-size 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from acl_fairseq.cli.prepare.binarize import Options, prepare_task
+from acl_fairseq.cli.prepare.tasks import (
+    GLUE_TASKS,
+    BadRow,
+    DataError,
+    SplitSpec,
+    TaskSpec,
+    format_bad_rows,
+    load_task,
+    resolve_tasks,
+)
+from acl_fairseq.cli.prepare.tokenizers import TOKENIZERS, TokenizerConfig
+
+logger = logging.getLogger("prepare_glue")
+
+
+def custom_task(args: argparse.Namespace) -> TaskSpec:
+    """Build the TaskSpec of ``--task custom`` from the command line."""
+    if not args.train or not args.valid or not args.text_columns or args.label_column is None:
+        raise DataError("--task custom needs --train, --valid, --text-columns and --label-column")
+    try:
+        text_columns = tuple(int(c) for c in args.text_columns.split(","))
+    except ValueError:
+        raise DataError(f"--text-columns must be like 1 or 1,2: {args.text_columns!r}") from None
+    if not 1 <= len(text_columns) <= 2 or min(text_columns) < 1 or args.label_column < 1:
+        raise DataError("--text-columns takes one or two 1-based columns, --label-column one")
+    labels = tuple(x.strip() for x in args.labels.split(",")) if args.labels else None
+    splits = [
+        SplitSpec(
+            "train",
+            str(Path(args.train).resolve()),
+            text_columns,
+            args.label_column,
+            header=args.header,
+        ),
+        SplitSpec(
+            "valid",
+            str(Path(args.valid).resolve()),
+            text_columns,
+            args.label_column,
+            header=args.header,
+        ),
+    ]
+    if args.test:
+        test_label = None if args.test_unlabeled else args.label_column
+        splits.append(
+            SplitSpec(
+                "test", str(Path(args.test).resolve()), text_columns, test_label, header=args.header
+            )
+        )
+    return TaskSpec(
+        args.name,
+        tuple(splits),
+        labels=None if args.regression else labels,
+        regression=args.regression,
+        label_divisor=args.label_divisor,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
+    p = argparse.ArgumentParser(
+        prog="acl-fairseq-prepare",
+        description="Binarize GLUE / TSV classification data for fairseq sentence_prediction.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--tasks",
+        "--task",
+        dest="tasks",
+        default="all",
+        help=f"'all', a comma list of {', '.join(GLUE_TASKS)}, or 'custom'",
+    )
+    p.add_argument("--glue-dir", type=Path, help="folder with CoLA/, SST-2/, ... (GLUE download)")
+    p.add_argument("--out-dir", type=Path, required=True, help="writes OUT/TASK-bin/")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, required=True)
+    p.add_argument(
+        "--srcdict",
+        type=Path,
+        help="fairseq dict.txt of the model (required for gpt2 and wordpiece)",
+    )
+    p.add_argument("--gpt2-encoder-json", help="GPT-2 encoder.json (gpt2)")
+    p.add_argument("--gpt2-vocab-bpe", help="GPT-2 vocab.bpe (gpt2)")
+    p.add_argument("--vocab", help="BERT vocab.txt or tokenizer.json (wordpiece)")
+    p.add_argument(
+        "--lowercase",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="lowercase for wordpiece (default: from tokenizer.json, else yes)",
+    )
+    p.add_argument(
+        "--spm-vocab-size",
+        type=int,
+        default=8000,
+        help="sentencepiece vocabulary size (upper bound; capped by the data)",
+    )
+    p.add_argument("--spm-character-coverage", type=float, default=1.0)
+    p.add_argument("--spm-model", help="use this sentencepiece model instead of training one")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    p.add_argument(
+        "--max-tokens", type=int, default=512, help="only warns about (counts) longer examples"
+    )
+    p.add_argument(
+        "--skip-bad-rows", action="store_true", help="skip (and list) bad rows instead of stopping"
+    )
+    p.add_argument(
+        "--keep-intermediate",
+        action="store_true",
+        help="keep the tokenized text files in OUT/TASK-tok/",
+    )
+    p.add_argument(
+        "--preprocess-subprocess",
+        action="store_true",
+        help="run fairseq-preprocess as a subprocess instead of in-process",
+    )
+    g = p.add_argument_group("custom TSV data (--task custom)")
+    g.add_argument("--name", default="custom", help="output is OUT/NAME-bin")
+    g.add_argument("--train")
+    g.add_argument("--valid")
+    g.add_argument("--test")
+    g.add_argument("--text-columns", help="1-based text column(s), e.g. 1 or 1,2")
+    g.add_argument("--label-column", type=int, help="1-based label column")
+    g.add_argument("--header", action="store_true", help="files start with a header line")
+    g.add_argument("--labels", help="allowed labels, comma separated (default: any)")
+    g.add_argument("--regression", action="store_true", help="labels are floats")
+    g.add_argument(
+        "--label-divisor",
+        type=float,
+        default=1.0,
+        help="regression labels are written as value / divisor",
+    )
+    g.add_argument(
+        "--test-unlabeled", action="store_true", help="the --test file has no label column"
+    )
+    return p
+
+
+def _tokenizer_config(args: argparse.Namespace) -> TokenizerConfig:
+    """Check the tokenizer flags and collect them."""
+
+    def need(*names: str) -> None:
+        missing = [n for n in names if getattr(args, n.lstrip("-").replace("-", "_")) is None]
+        if missing:
+            raise DataError(f"--tokenizer {args.tokenizer} needs {', '.join(missing)}")
+
+    if args.tokenizer == "gpt2":
+        need("--gpt2-encoder-json", "--gpt2-vocab-bpe", "--srcdict")
+    elif args.tokenizer == "wordpiece":
+        need("--vocab", "--srcdict")
+    elif args.srcdict is not None and args.spm_model is None:
+        raise DataError("--srcdict with sentencepiece needs the matching --spm-model")
+    if args.lowercase is not None and args.tokenizer != "wordpiece":
+        logger.warning("--lowercase/--no-lowercase only applies to --tokenizer wordpiece")
+    for name in ("gpt2_encoder_json", "gpt2_vocab_bpe", "vocab", "spm_model", "srcdict"):
+        value = getattr(args, name)
+        if value is not None and not Path(value).is_file():
+            raise DataError(f"--{name.replace('_', '-')}: no such file {value}")
+    return TokenizerConfig(
+        kind=args.tokenizer,
+        gpt2_encoder_json=args.gpt2_encoder_json,
+        gpt2_vocab_bpe=args.gpt2_vocab_bpe,
+        vocab=args.vocab,
+        lowercase=args.lowercase,
+        spm_model=args.spm_model,
+    )
+
+
+def run(args: argparse.Namespace) -> list[Path]:
+    """Validate all selected tasks first, then prepare them; returns the TASK-bin folders."""
+    config = _tokenizer_config(args)
+    if args.tasks.strip().lower() == "custom":
+        tasks = [custom_task(args)]
+        glue_dir = None
+    else:
+        tasks = resolve_tasks(args.tasks)
+        if args.glue_dir is None:
+            raise DataError("--glue-dir is required for GLUE tasks")
+        glue_dir = args.glue_dir
+    out_dir = args.out_dir.resolve()
+    if "," in str(out_dir):
+        raise DataError("--out-dir must not contain ',' (fairseq-preprocess splits on it)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    opts = Options(
+        out_dir=out_dir,
+        tokenizer=config,
+        srcdict=args.srcdict,
+        spm_vocab_size=args.spm_vocab_size,
+        spm_character_coverage=args.spm_character_coverage,
+        workers=max(1, args.workers),
+        max_tokens=args.max_tokens,
+        skip_bad_rows=args.skip_bad_rows,
+        keep_intermediate=args.keep_intermediate,
+        preprocess_subprocess=args.preprocess_subprocess,
+    )
+
+    loaded = []
+    all_bad: list[BadRow] = []
+    for task in tasks:
+        splits, bad = load_task(task, glue_dir)
+        loaded.append((task, splits, bad))
+        all_bad.extend(bad)
+    if all_bad and not opts.skip_bad_rows:
+        raise DataError(
+            f"{len(all_bad)} bad row(s) (use --skip-bad-rows to skip them):\n"
+            + format_bad_rows(all_bad)
+        )
+    if all_bad:
+        logger.warning("skipping %d bad row(s):\n%s", len(all_bad), format_bad_rows(all_bad))
+    return [prepare_task(task, splits, opts, len(bad)) for task, splits, bad in loaded]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except DataError as e:
+        logger.error("%s", e)
+        return 1
+    return 0
+
+
+def console_main() -> int:
+    """The ``acl-fairseq-prepare`` command: ``main`` with logging to stderr."""
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        level=os.environ.get("LOGLEVEL", "INFO").upper(),
+    )
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(console_main())

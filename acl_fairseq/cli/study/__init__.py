@@ -1,0 +1,1 @@
+"""``acl-fairseq-study``: the converged study (its data, phases and report)."""
