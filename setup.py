@@ -17,4 +17,15 @@ setup(
     # pull torchaudio and a second torch.
     install_requires=["torch>=2.1", "numpy", "sentencepiece", "tokenizers"],
     extras_require={"test": ["pytest", "ruff", "transformers", "safetensors", "matplotlib"]},
+    entry_points={
+        "console_scripts": [
+            "acl-fairseq-prepare = acl_fairseq.cli.prepare.cli:console_main",
+            "acl-fairseq-convert-bert = acl_fairseq.cli.convert_bert:main",
+            "acl-fairseq-compare = acl_fairseq.cli.compare.cli:main",
+            "acl-fairseq-sweep = acl_fairseq.cli.sweep:main",
+            "acl-fairseq-plots = acl_fairseq.cli.plots:main",
+            "acl-fairseq-demo = acl_fairseq.cli.demo:main",
+            "acl-fairseq-study = acl_fairseq.cli.study.cli:main",
+        ]
+    },
 )
