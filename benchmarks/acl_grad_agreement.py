@@ -6,11 +6,11 @@ classification heads' parameters only, which is almost free. With the exact scop
 ``--acl-grad-log`` writes both angles of every update (columns 2 and 4), so one training run
 gives both decisions on the same gradients.
 
-This script trains ``ce_scl`` and ``acl`` with ``scripts/compare.py`` (``--acl-grad-threshold
+This script trains ``ce_scl`` and ``acl`` with ``acl-fairseq-compare`` (``--acl-grad-threshold
 180``: every term is kept, so the run is plain CE + term and the angles can be thresholded at
-any value afterwards; resumable, see compare.py), then prints, per method and threshold, the
-fraction of updates on which the two decisions agree, how many each would drop, and the
-correlation of the two angles::
+any value afterwards; resumable, see acl-fairseq-compare), then prints, per method and
+threshold, the fraction of updates on which the two decisions agree, how many each would drop,
+and the correlation of the two angles::
 
     python benchmarks/acl_grad_agreement.py demo_work/data/rt-1600-600-2000-bin \\
         --restore-file demo_work/minilm-fairseq/model.pt \\
@@ -20,25 +20,24 @@ correlation of the two angles::
 """
 
 import argparse
+import math
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from acl_fairseq.acl_grad import read_angle_log
+
 THRESHOLDS = (60.0, 75.0, 90.0)
 
 
 def read_both_angles(path: Path) -> list[tuple[float, float]] | None:
     """(exact angle, heads-only angle) per update of an exact-scope ``--acl-grad-log``;
-    None when the log has no fourth column (written by an older version)."""
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        parts = line.split("\t")
-        if len(parts) < 4:
-            return None
-        rows.append((float(parts[1]), float(parts[3])))
-    return rows
+    None when the log has no heads-only angle (written by an older version)."""
+    records = read_angle_log(path)
+    if any(math.isnan(r.head_angle) for r in records):
+        return None
+    return [(r.angle, r.head_angle) for r in records]
 
 
 def agreement_rows(name: str, pairs: list[tuple[float, float]]) -> list[str]:
@@ -61,7 +60,7 @@ def agreement_rows(name: str, pairs: list[tuple[float, float]]) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("data", nargs="?", help="binarized data directory (as for compare.py)")
+    p.add_argument("data", nargs="?", help="binarized data directory (as for acl-fairseq-compare)")
     p.add_argument("--out", default="AGREEMENT", help="results folder (default: AGREEMENT)")
     p.add_argument("--seeds", default="1", help="comma list (default: 1)")
     p.add_argument("--logs-only", action="store_true", help="analyse the existing logs only")
@@ -72,7 +71,8 @@ def main() -> None:
             p.error("give the data directory (or --logs-only)")
         cmd = [
             sys.executable,
-            str(REPO / "scripts" / "compare.py"),
+            "-m",
+            "acl_fairseq.cli.compare",
             a.data,
             "--methods",
             "ce_scl,acl",

@@ -2,7 +2,7 @@
 
 1. Same weights, two implementations: a MiniLM-L6-sized ``BertForSequenceClassification``
    (random weights, or ``--hf-dir`` for real ones) is converted with
-   ``scripts/convert_hf_bert.py`` (pooler dense -> head dense, classifier -> head out_proj) and
+   ``acl-fairseq-convert-bert`` (pooler dense -> head dense, classifier -> head out_proj) and
    loaded into a ``multi_exit_roberta`` with the same dimensions. The final exit's logits are
    checked against Hugging Face's (LayerNorm eps set to BERT's), then the throughput
    (examples/s) of the full-depth forward is compared (goal: ratio >= 1.0).
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import logging
 import platform
 import statistics
@@ -35,35 +34,19 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 from torch import Tensor
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
+from acl_fairseq.cli import bert_state as cv
+from acl_fairseq.cli import sweep as ees
 from acl_fairseq.exit_policies import EntropyPolicy, softmax_entropy
 
-REPO = Path(__file__).resolve().parents[1]
 HEAD = "sentence_classification_head"
 GOAL_THROUGHPUT_RATIO = 1.0
 GOAL_FRACTION = 0.85
-
-
-def _load_script(name: str) -> ModuleType:
-    """Import ``scripts/NAME.py`` (not a package) as module ``name``."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-cv = _load_script("convert_hf_bert")
-ees = _load_script("early_exit_sweep")
 
 
 # ----------------------------------------------------------------------------- machine

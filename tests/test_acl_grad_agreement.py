@@ -1,6 +1,6 @@
-"""benchmarks/acl_grad_agreement.py: the agreement table of the heads-only vs exact decision."""
+"""benchmarks/acl_grad_agreement.py: the agreement table of the heads-only vs exact decision
+(run as a command, on hand-written angle logs)."""
 
-import importlib.util
 import subprocess
 import sys
 
@@ -12,16 +12,20 @@ from fairseq_helpers import REPO
 SCRIPT = REPO / "benchmarks" / "acl_grad_agreement.py"
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("acl_grad_agreement", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def logs_only(out_dir):
+    cmd = [sys.executable, str(SCRIPT), "--logs-only", "--out", str(out_dir)]
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def test_agreement_counts_decisions_at_each_threshold():
+def test_agreement_counts_decisions_at_each_threshold(tmp_path):
     pairs = [(50.0, 55.0), (70.0, 80.0), (95.0, 85.0), (100.0, 120.0)]
-    rows = load().agreement_rows("acl-seed1", pairs)
+    run = tmp_path / "runs" / "acl-seed1"
+    run.mkdir(parents=True)
+    lines = [f"{i}\t{e}\t1\t{h}\n" for i, (e, h) in enumerate(pairs)]
+    (run / "angles.tsv").write_text("".join(lines))
+    res = logs_only(tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| acl-seed1 |")]
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
     assert [c[5] for c in cells] == ["60°", "75°", "90°"]
     # 60: exact drops 3, head 3, all agree; 75: exact 2 (95,100), head 3 (80,85,120), 3 of 4
@@ -43,10 +47,10 @@ def test_logs_only_prints_one_block_per_run_and_skips_three_column_logs(tmp_path
     old = tmp_path / "runs" / "acl-seed1"
     old.mkdir()
     (old / "angles.tsv").write_text("0\t80.0\t1\n")
-    cmd = [sys.executable, str(SCRIPT), "--logs-only", "--out", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    assert sum(line.startswith("| ce_scl-seed1 | 2 |") for line in out.splitlines()) == 3
-    assert "skipped (no heads-only angle column; re-run with --force): acl-seed1" in out
+    res = logs_only(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert sum(line.startswith("| ce_scl-seed1 | 2 |") for line in res.stdout.splitlines()) == 3
+    assert "skipped (no heads-only angle column; re-run with --force): acl-seed1" in res.stdout
     (run / "angles.tsv").unlink()
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = logs_only(tmp_path)
     assert res.returncode != 0 and "no log with both angles" in res.stderr
