@@ -1,11 +1,12 @@
 """Helpers for end-to-end tests: generated labelled text, binarization, running fairseq CLIs."""
 
-import json
 import os
 import random
 import subprocess
 import sys
 from pathlib import Path
+
+from acl_fairseq.cli.fairseq_log import json_records  # noqa: F401  (used by the tests)
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -154,17 +155,3 @@ def fairseq_validate(data: Path, checkpoint: Path, *args: str) -> str:
         *args,
     ]
     return run(cmd)
-
-
-def json_records(output: str) -> list[dict]:
-    """The JSON records fairseq's json progress bar printed (train_inner, train, valid)."""
-    records = []
-    for line in output.splitlines():
-        start = line.find("{")
-        if start < 0:
-            continue
-        try:
-            records.append(json.loads(line[start:]))
-        except json.JSONDecodeError:
-            continue
-    return records

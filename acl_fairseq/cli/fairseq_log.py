@@ -10,8 +10,11 @@ from pathlib import Path
 __all__ = ["best_dev", "json_records", "log_records", "numbers", "test_metrics"]
 
 
-def json_records(lines: Iterable[str], kind: str | None = None) -> list[dict]:
-    """JSON records of fairseq's json progress output; ``kind``: only ``| kind |`` lines."""
+def json_records(lines: str | Iterable[str], kind: str | None = None) -> list[dict]:
+    """JSON records of fairseq's json progress output (its lines, or the whole text);
+    ``kind``: only ``| kind |`` lines."""
+    if isinstance(lines, str):
+        lines = lines.splitlines()
     records = []
     for line in lines:
         if kind is not None and f"| {kind} |" not in line:
