@@ -26,9 +26,9 @@
 # --dry-run (or DRY_RUN=1) prints the fairseq-train command(s) and runs nothing.
 #
 # Environment:
-#   DATA_DIR      folder with TASK-bin/ from scripts/prepare_glue.py (default: glue-bin)
+#   DATA_DIR      folder with TASK-bin/ from acl-fairseq-prepare (default: glue-bin)
 #   PRETRAINED    fairseq RoBERTa model.pt (roberta.base, or OUTDIR/model.pt of
-#                 scripts/convert_hf_bert.py); required. 'none' trains from scratch (tests).
+#                 acl-fairseq-convert-bert); required. 'none' trains from scratch (tests).
 #   ARCH_ARGS     model flags (default: --arch roberta_base); for a converted BERT the contents
 #                 of OUTDIR/fairseq_args.txt. Multi-exit methods switch the --arch value
 #                 roberta -> multi_exit_roberta, roberta_base -> multi_exit_roberta_base,
@@ -145,10 +145,10 @@ problem() {
 DATA_DIR=${DATA_DIR:-glue-bin}
 DATA="$DATA_DIR/$TASK-bin"
 if [[ ! -d $DATA ]]; then
-  problem "$DATA not found: set DATA_DIR to the --out-dir of scripts/prepare_glue.py" \
+  problem "$DATA not found: set DATA_DIR to the --out-dir of acl-fairseq-prepare" \
     "(it holds $TASK-bin/)"
 elif [[ ! -d $DATA/input0 ]]; then
-  problem "$DATA has no input0/: not binarized data from scripts/prepare_glue.py"
+  problem "$DATA has no input0/: not binarized data from acl-fairseq-prepare"
 else
   meta="$DATA/prepare_glue.json"
   if [[ -f $meta ]]; then
@@ -165,7 +165,7 @@ fi
 
 [[ -n ${PRETRAINED:-} ]] || die "PRETRAINED is not set: point it to a fairseq RoBERTa" \
   "model.pt (roberta.base/model.pt, or OUTDIR/model.pt written by" \
-  "scripts/convert_hf_bert.py); PRETRAINED=none trains from scratch (for tests only)"
+  "acl-fairseq-convert-bert); PRETRAINED=none trains from scratch (for tests only)"
 RESTORE=()
 if [[ $PRETRAINED == none ]]; then
   warn "PRETRAINED=none: training from randomly initialised weights (for tests only)"
