@@ -15,7 +15,7 @@ setup(
     # fairseq itself is installed separately (fairseq-fixed, built with
     # --no-build-isolation --no-deps, see the README): listing it here would make pip
     # pull torchaudio and a second torch.
-    install_requires=["torch>=2.1", "numpy", "sentencepiece", "tokenizers"],
+    install_requires=["torch>=2.5", "numpy>=2", "sentencepiece", "tokenizers"],
     extras_require={"test": ["pytest", "ruff", "transformers", "safetensors", "matplotlib"]},
     entry_points={
         "console_scripts": [

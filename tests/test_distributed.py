@@ -78,7 +78,7 @@ def model_state(path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_workers_equal_update_freq_two(sentiment_data, tmp_path, case):
     args = [*COMMON, *CASES[case]]
-    grad_align = case != "ce_scl"
+    acl_grad = case != "ce_scl"
     one, two = tmp_path / "one", tmp_path / "two"
     out1 = fairseq_train(
         sentiment_data,
@@ -117,7 +117,7 @@ def test_two_workers_equal_update_freq_two(sentiment_data, tmp_path, case):
 
     # ACL-Grad: one decision per update, the same on every worker and as with --update-freq
     logs = sorted(p.name for p in two.glob("angles.*.tsv"))
-    if not grad_align:
+    if not acl_grad:
         assert logs == [] and "acl_grad_angle" not in r2[-1]
         return
     assert logs == ["angles.0.tsv", "angles.1.tsv"]
@@ -200,7 +200,7 @@ def test_launcher_usage_errors(args, message):
 
 
 def test_angle_log_rank_placeholder_writes_one_file_per_rank(tmp_path):
-    from test_grad_align import PlainOptimizer, TwoTermModel, make_task, run_update
+    from test_acl_grad import PlainOptimizer, TwoTermModel, make_task, run_update
 
     model, task = TwoTermModel(), make_task(log=str(tmp_path / "angles.{rank}.tsv"))
     opt = PlainOptimizer(model.parameters())

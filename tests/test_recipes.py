@@ -390,7 +390,7 @@ README_OVERRIDES = {
         "criterion._name=acl_cross_layer",
         "model._name=multi_exit_roberta",
         "++criterion.cross_layer_lambda=0.2",
-        "++criterion.no_acl_grad=true",
+        "++criterion.acl_grad=false",
         "++model.freeze_backbone=true",
     ],
 }
@@ -407,9 +407,7 @@ def test_hydra_overrides_compose(task):
     from hydra import compose, initialize_config_dir
 
     import acl_fairseq  # noqa: F401  (registers the plugin)
-    from acl_fairseq.criterions.contrastive_sentence_prediction import (
-        validate_contrastive_config,
-    )
+    from acl_fairseq.criterions.base import validate_criterion_config
 
     name = TASKS[task][0]
     hydra_init(name)  # what fairseq-hydra-train does: the schema of the config
@@ -429,7 +427,7 @@ def test_hydra_overrides_compose(task):
             # the criterions refuse regression when they are built
             if hasattr(crit, "temperature"):
                 with pytest.raises(ValueError, match="is for classification"):
-                    validate_contrastive_config(crit, method)
+                    validate_criterion_config(crit, method)
 
 
 # ----------------------------------------------------------------------------- slow

@@ -29,13 +29,10 @@ from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 from torch import Tensor, nn
 
+from ..acl_grad import AclGradConfig
 from ..losses import acl_embed_loss, cross_layer_loss
-from ..models.multi_exit_roberta import ExitOutput
-from .contrastive_sentence_prediction import (
-    ACL_GRAD_SCOPE,
-    ACL_GRAD_SCOPE_HELP,
-    validate_contrastive_config,
-)
+from ..models.types import ExitOutput
+from .base import ContrastiveConfig
 from .multi_exit_ce import MultiExitCeConfig, MultiExitCeCriterion, exit_weights
 
 logger = logging.getLogger(__name__)
@@ -44,32 +41,13 @@ CROSS_LAYER_WEIGHTING = ChoiceEnum(["exit", "layer", "uniform"])
 
 
 @dataclass
-class AclCrossLayerConfig(MultiExitCeConfig):
-    contrastive_lambda: float = field(
-        default=0.5,
-        metadata={"help": "weight lambda of ACL-Embed on the last exit"},
-    )
+class AclCrossLayerConfig(MultiExitCeConfig, ContrastiveConfig, AclGradConfig):
+    """``multi_exit_ce``'s flags, the contrastive term's (``--contrastive-lambda`` weighs
+    ACL-Embed on the last exit), ACL-Grad's (on by default), and ACL-CL's own."""
+
     cross_layer_lambda: float = field(
         default=0.5,
         metadata={"help": "weight lambda_cl of ACL-CL on every shallow exit"},
-    )
-    temperature: float = field(
-        default=0.3,
-        metadata={"help": "temperature tau (> 0) of the contrastive losses"},
-    )
-    acl_grad_threshold: float = field(
-        default=90.0,
-        metadata={
-            "help": "ACL-Grad: drop the contrastive terms for an update when the angle between "
-            "the total CE gradient and the total contrastive gradient exceeds this (degrees)"
-        },
-    )
-    acl_grad_scope: ACL_GRAD_SCOPE = field(  # type: ignore[valid-type]
-        default="all", metadata={"help": ACL_GRAD_SCOPE_HELP}
-    )
-    no_acl_grad: bool = field(
-        default=False,
-        metadata={"help": "turn ACL-Grad off: always keep the contrastive terms"},
     )
     cross_layer_weighting: CROSS_LAYER_WEIGHTING = field(  # type: ignore[valid-type]
         default="exit",
@@ -93,21 +71,10 @@ class AclCrossLayerCriterion(MultiExitCeCriterion):
     name = "acl_cross_layer"
 
     def __init__(self, cfg: AclCrossLayerConfig, task):
-        validate_contrastive_config(cfg, self.name)
-        if not (cfg.cross_layer_lambda >= 0):
-            raise ValueError(f"--cross-layer-lambda must be >= 0, got {cfg.cross_layer_lambda}")
         super().__init__(cfg, task)
         self.contrastive_lambda = cfg.contrastive_lambda
         self.cross_layer_lambda = cfg.cross_layer_lambda
         self.temperature = cfg.temperature
-        self.use_acl_grad = not cfg.no_acl_grad
-        if self.use_acl_grad and not getattr(task, "supports_grad_align", False):
-            raise ValueError(
-                f"--criterion {self.name} with ACL-Grad needs --task acl_sentence_prediction; "
-                "switch the task or pass --no-acl-grad"
-            )
-        self.grad_align_threshold = cfg.acl_grad_threshold if self.use_acl_grad else None
-        self.grad_align_scope = str(cfg.acl_grad_scope)
         self.cross_layer_weighting = str(cfg.cross_layer_weighting)
         self.frozen_teacher_path = cfg.frozen_teacher
         if self.frozen_teacher_path and not os.path.isfile(self.frozen_teacher_path):
@@ -118,6 +85,18 @@ class AclCrossLayerCriterion(MultiExitCeCriterion):
             )
         # Not a submodule: the snapshot is neither trained, nor saved with the criterion.
         self._teacher: list[nn.Module] = []
+
+    def check_model(self, model: nn.Module) -> None:
+        """A multi-exit model with at least one shallow exit: ACL-CL teaches the shallow
+        exits, so a model whose only exit is the last layer would train plain ACL-Embed."""
+        super().check_model(model)
+        if not model.shallow_exit_layers:
+            raise ValueError(
+                f"--criterion {self.name} needs shallow exits, but the model has only the "
+                "final exit (--exit-layers none), so ACL-CL would have nothing to teach and "
+                "the run would be plain ACL-Embed: pass --exit-layers (e.g. 4,8, or leave it "
+                "out for an exit on every layer), or use --criterion acl_embed"
+            )
 
     def contrastive_weights(self, layers: list[int]) -> list[float]:
         if self.cross_layer_weighting == "exit":

@@ -1,23 +1,17 @@
 """``--criterion acl_embed``: CE + lambda * ACL-Embed, with ACL-Grad on by default."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fairseq.criterions import register_criterion
 from torch import Tensor
 
 from ..losses import acl_embed_loss
-from .contrastive_sentence_prediction import (
-    ContrastiveConfig,
-    ContrastiveSentencePredictionCriterion,
-)
+from .base import ContrastiveSentencePredictionConfig, ContrastiveSentencePredictionCriterion
 
 
 @dataclass
-class AclEmbedConfig(ContrastiveConfig):
-    no_acl_grad: bool = field(
-        default=False,
-        metadata={"help": "turn ACL-Grad off: always keep the ACL-Embed term (one backward)"},
-    )
+class AclEmbedConfig(ContrastiveSentencePredictionConfig):
+    """ACL-Grad on by default (``--no-acl-grad``: always keep the term, one backward)."""
 
 
 @register_criterion("acl_embed", dataclass=AclEmbedConfig)
@@ -29,9 +23,6 @@ class AclEmbedCriterion(ContrastiveSentencePredictionCriterion):
     """
 
     name = "acl_embed"
-
-    def __init__(self, cfg: AclEmbedConfig, task):
-        super().__init__(cfg, task, use_acl_grad=not cfg.no_acl_grad)
 
     def contrastive_term(self, features: Tensor, targets: Tensor, label_embeddings: Tensor):
         return acl_embed_loss(features, targets, label_embeddings, self.temperature)

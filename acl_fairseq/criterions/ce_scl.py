@@ -5,32 +5,25 @@ compare fairly; SupCon runs over the N samples only (no label embeddings). ACL-G
 default and can be turned on with ``--acl-grad``.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fairseq.criterions import register_criterion
 from torch import Tensor
 
+from ..acl_grad import acl_grad_switch
 from ..losses import supervised_contrastive_loss
-from .contrastive_sentence_prediction import (
-    ContrastiveConfig,
-    ContrastiveSentencePredictionCriterion,
-)
+from .base import ContrastiveSentencePredictionConfig, ContrastiveSentencePredictionCriterion
 
 
 @dataclass
-class CeSclConfig(ContrastiveConfig):
-    acl_grad: bool = field(
-        default=False,
-        metadata={"help": "apply ACL-Grad to the SCL term (drop it when its gradient conflicts)"},
-    )
+class CeSclConfig(ContrastiveSentencePredictionConfig):
+    # the baseline: ACL-Grad off unless asked for (--acl-grad)
+    acl_grad: bool = acl_grad_switch(default=False)
 
 
 @register_criterion("ce_scl", dataclass=CeSclConfig)
 class CeSclCriterion(ContrastiveSentencePredictionCriterion):
     name = "ce_scl"
-
-    def __init__(self, cfg: CeSclConfig, task):
-        super().__init__(cfg, task, use_acl_grad=cfg.acl_grad)
 
     def contrastive_term(self, features: Tensor, targets: Tensor, label_embeddings: Tensor):
         return supervised_contrastive_loss(features, targets, self.temperature)

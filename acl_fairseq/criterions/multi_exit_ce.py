@@ -21,7 +21,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from torch import Tensor, nn
 
-from .contrastive_sentence_prediction import LossTerms, LossTermsCriterion
+from .base import LossTerms, LossTermsCriterion
 
 EXIT_WEIGHTING = ChoiceEnum(["layer", "uniform"])
 
@@ -51,10 +51,6 @@ class MultiExitCeCriterion(LossTermsCriterion):
     name = "multi_exit_ce"
 
     def __init__(self, cfg: MultiExitCeConfig, task):
-        if cfg.regression_target:
-            raise ValueError(
-                f"--criterion {self.name} is for classification; --regression-target is set"
-            )
         super().__init__(cfg, task)
         self.exit_weighting = cfg.exit_weighting
 

@@ -1,13 +1,8 @@
 """Models of the plugin (imported by fairseq through ``--user-dir acl_fairseq``)."""
 
-from . import hub_interface, multi_exit_roberta  # noqa: F401  (registers the model)
 from .hub_interface import MultiExitRobertaHubInterface
-from .multi_exit_roberta import (
-    EarlyExitResult,
-    ExitOutput,
-    MultiExitClassificationHead,
-    MultiExitRobertaModel,
-)
+from .multi_exit_roberta import MultiExitClassificationHead, MultiExitRobertaModel  # registers
+from .types import EarlyExitResult, ExitOutput
 
 __all__ = [
     "EarlyExitResult",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from fairseq import utils
@@ -11,9 +9,7 @@ from fairseq.models.roberta.hub_interface import RobertaHubInterface
 from torch import Tensor
 
 from ..exit_policies import ExitPolicy, as_policy
-
-if TYPE_CHECKING:
-    from .multi_exit_roberta import EarlyExitResult
+from .types import EarlyExitResult
 
 __all__ = ["MultiExitRobertaHubInterface"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from fairseq.models import register_model, register_model_architecture
@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..exit_policies import ExitPolicy, as_policy
 from .hub_interface import MultiExitRobertaHubInterface
+from .types import EarlyExitResult, ExitOutput
 
 logger = logging.getLogger(__name__)
 
@@ -51,23 +52,6 @@ __all__ = [
 POOLING_CHOICES = ("first", "mean")
 DEFAULT_HEAD_NAME = "sentence_classification_head"
 _EXIT_NAME_RE = re.compile(r"^(?P<base>.+)_exit(?P<layer>\d+)$")
-
-
-class ExitOutput(NamedTuple):
-    """One exit's output for a batch of B examples, K classes, feature size C."""
-
-    layer: int  # 1-based encoder layer the exit sits on
-    logits: Tensor  # B x K
-    features: Tensor  # B x C, the input of the head's out_proj (after dense, act, dropout)
-    label_embeddings: Tensor  # K x C, the head's out_proj.weight
-
-
-class EarlyExitResult(NamedTuple):
-    """Result of ``MultiExitRobertaModel.early_exit`` for B examples, K classes."""
-
-    predictions: Tensor  # B, long: argmax of the exit's logits
-    exit_layers: Tensor  # B, long: 1-based layer of the exit each example left at
-    logits: Tensor  # B x K: logits of that exit
 
 
 def exit_head_name(name: str, layer: int) -> str:
@@ -528,15 +512,11 @@ def _exit_defaults(args: Any) -> None:
     args.exit_pooling = safe_getattr(args, "exit_pooling", "first")
 
 
+@register_model_architecture("multi_exit_roberta", "multi_exit_roberta_base")
 @register_model_architecture("multi_exit_roberta", "multi_exit_roberta")
 def multi_exit_roberta_architecture(args: Any) -> None:
-    """RoBERTa-base defaults; every ``--encoder-*`` size can be overridden (e.g. MiniLM)."""
-    _exit_defaults(args)
-    base_architecture(args)
-
-
-@register_model_architecture("multi_exit_roberta", "multi_exit_roberta_base")
-def multi_exit_roberta_base_architecture(args: Any) -> None:
+    """RoBERTa-base defaults (``multi_exit_roberta`` and its alias ``multi_exit_roberta_base``);
+    every ``--encoder-*`` size can be overridden (e.g. MiniLM)."""
     _exit_defaults(args)
     base_architecture(args)
 

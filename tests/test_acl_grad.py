@@ -10,7 +10,8 @@ from fairseq.logging import metrics
 from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
 from fairseq.optim.fairseq_optimizer import FairseqOptimizer
 
-from acl_fairseq.grad_align import ContrastiveGradientBuffer, decide, gradient_angle
+from acl_fairseq.acl_grad import AclGradOptimizer, AclGradSettings, LossTerms, read_angle_log
+from acl_fairseq.acl_grad_math import ContrastiveGradientBuffer, decide, gradient_angle
 from acl_fairseq.tasks.acl_sentence_prediction import (
     AclSentencePredictionConfig,
     AclSentencePredictionTask,
@@ -73,7 +74,7 @@ def test_buffer_accumulates_reduces_and_adds():
     assert buf.empty
 
 
-# --------------------------------------------------------------------------- the task hook
+# ----------------------------------------------------------------- the task and its ACL-Grad
 class TwoTermModel(torch.nn.Module):
     """Parameters w (2) and u (1); the criterion below makes CE = a.w + u and
     contrastive = b.w, so the gradients are (a, 1) and (b, 0)."""
@@ -89,14 +90,19 @@ class TwoTermModel(torch.nn.Module):
 
 
 class TwoTermCriterion:
-    grad_align_threshold = 90.0
+    """An ``AclGradCriterion`` (the task's contract), ACL-Grad on at 90 degrees."""
+
+    acl_grad = AclGradSettings(threshold=90.0, scope="all")
 
     def loss_terms(self, model, sample):
         a = torch.tensor(sample["a"])
         b = torch.tensor(sample["b"])
         ce = (a * model.w).sum() + model.u.sum()
         con = (b * model.w).sum()
-        return ce, con, 1, {}
+        return LossTerms(ce, con, 1, {})
+
+    def check_model(self, model):
+        pass
 
 
 class PlainOptimizer(FairseqOptimizer):
@@ -118,13 +124,13 @@ def make_task(tmp_path=None, log=None):
     return AclSentencePredictionTask(cfg, d, d)
 
 
-def run_update(task, model, opt, samples, criterion=None):
+def run_update(task, model, opt, samples, criterion=None, update_num=0):
     """What fairseq's Trainer does for one update (single worker)."""
     criterion = criterion or TwoTermCriterion()
     opt.zero_grad()
     with metrics.aggregate(new_root=True) as agg:
         for s in samples:
-            task.train_step(s, model, criterion, opt, update_num=0)
+            task.train_step(s, model, criterion, opt, update_num=update_num)
         opt.all_reduce_grads(model)
     return agg
 
@@ -209,6 +215,55 @@ def test_angle_log_file(tmp_path):
     assert [int(r[2]) for r in rows] == [1, 0]
 
 
+def test_one_decision_per_update_with_update_freq(tmp_path, monkeypatch):
+    import acl_fairseq.acl_grad as unit
+
+    decisions = []
+    monkeypatch.setattr(unit, "decide", lambda *a: decisions.append(a) or decide(*a))
+    log = tmp_path / "angles.tsv"
+    model, task = TwoTermModel(), make_task(log=str(log))
+    opt = PlainOptimizer(model.parameters())
+    micro_batches = [{"a": [1.0, 0.0], "b": [1.0, 1.0]}, {"a": [0.0, 1.0], "b": [1.0, 0.0]}]
+    for update in range(3):  # --update-freq 2: two train_steps, one all-reduce
+        run_update(task, model, opt, micro_batches, update_num=update)
+    assert len(decisions) == 3
+    assert [r.update for r in read_angle_log(log)] == [0, 1, 2]
+    # the decision is on the sums: g_ce = (1,1|2), g_con = (2,1|0)
+    expected = math.degrees(math.acos(3 / (math.sqrt(6) * math.sqrt(5))))
+    assert [r.angle for r in read_angle_log(log)] == pytest.approx([expected] * 3, abs=1e-3)
+
+
+def test_all_reduce_of_another_module_is_an_error():
+    model, task = TwoTermModel(), make_task()
+    opt = PlainOptimizer(model.parameters())
+    opt.zero_grad()
+    task.train_step({"a": [1.0, 0.0], "b": [1.0, 1.0]}, model, TwoTermCriterion(), opt, 0)
+    with pytest.raises(RuntimeError, match="not on the model whose contrastive gradient"):
+        opt.all_reduce_grads(torch.nn.Linear(2, 2))
+    assert task.acl_grad.holds_contrastive_gradient  # nothing was decided or dropped
+    # a new model on the same optimizer: the buffer and the wrapper move to it
+    other = TwoTermModel()
+    task.train_step({"a": [1.0, 0.0], "b": [1.0, 1.0]}, other, TwoTermCriterion(), opt, 0)
+    with pytest.raises(RuntimeError, match="called on a TwoTermModel"):
+        opt.all_reduce_grads(model)
+    opt.all_reduce_grads(other)
+    torch.testing.assert_close(other.w.grad, torch.tensor([2.0, 1.0]))
+    assert not task.acl_grad.holds_contrastive_gradient
+
+
+def test_the_criterions_own_all_reduce_passes_through():
+    class ModuleCriterion(torch.nn.Module, TwoTermCriterion):
+        pass
+
+    model, task, criterion = TwoTermModel(), make_task(), ModuleCriterion()
+    opt = PlainOptimizer(model.parameters())
+    opt.zero_grad()
+    task.train_step({"a": [1.0, 0.0], "b": [1.0, 1.0]}, model, criterion, opt, 0)
+    opt.all_reduce_grads(model)
+    opt.all_reduce_grads(criterion)  # fairseq's trainer does so for a criterion with parameters
+    torch.testing.assert_close(model.w.grad, torch.tensor([2.0, 1.0]))
+
+
 def test_criterion_without_terms_uses_fairseq_train_step():
     class PlainCriterion:
         def __call__(self, model, sample):
@@ -219,7 +274,7 @@ def test_criterion_without_terms_uses_fairseq_train_step():
     opt.zero_grad()
     task.train_step({"a": [3.0, 4.0]}, model, PlainCriterion(), opt, update_num=0)
     torch.testing.assert_close(model.w.grad, torch.tensor([3.0, 4.0]))
-    assert not hasattr(opt, "_acl_grad_task")
+    assert AclGradOptimizer.of(opt) is None
 
 
 # --------------------------------------------------------------------- --acl-grad-scope head
@@ -236,15 +291,14 @@ class HeadedCriterion(TwoTermCriterion):
     """CE = a.w + u + c.v, contrastive = b.w + d.v: the head gradients are c and d."""
 
     def __init__(self, scope="head", threshold=90.0):
-        self.grad_align_scope = scope
-        self.grad_align_threshold = threshold
+        self.acl_grad = AclGradSettings(threshold=threshold, scope=scope)
 
     def loss_terms(self, model, sample):
         ce, con, n, log = super().loss_terms(model, sample)
         v = model.classification_heads["h"].v
         ce = ce + (torch.tensor(sample["c"]) * v).sum()
         con = con + (torch.tensor(sample["d"]) * v).sum()
-        return ce, con, n, log
+        return LossTerms(ce, con, n, log)
 
 
 def head_sample(a, b, c, d):
@@ -279,7 +333,7 @@ def test_head_scope_drops_the_term_in_the_same_backward_pass():
     torch.testing.assert_close(model.u.grad, 8.0 * torch.tensor([1.0]))
     head_grad = model.classification_heads["h"].v.grad
     torch.testing.assert_close(head_grad, 8.0 * torch.tensor([1.0, 0.0]))
-    assert not hasattr(opt, "_acl_grad_task")  # no side buffer, no optimizer hook
+    assert AclGradOptimizer.of(opt) is None  # no side buffer, no optimizer wrapper
 
 
 def test_head_scope_decides_per_micro_batch(tmp_path):

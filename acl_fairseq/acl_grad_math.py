@@ -1,6 +1,7 @@
-"""ACL-Grad: the angle between the CE gradient and the contrastive gradient, and the decision.
+"""ACL-Grad's math: the angle between the CE and the contrastive gradient, and the decision.
 
-Pure torch (no fairseq import). Collective operations for data-parallel training are passed
+Pure torch (no fairseq import); :mod:`acl_fairseq.acl_grad` runs it in fairseq's training
+loop. Collective operations for data-parallel training are passed
 in as callables, so this module is tested on one process.
 
 The unit of decision is one optimizer update: the CE gradient is what the trainer has

@@ -1,4 +1,10 @@
-"""Shared fairseq glue of the single-exit contrastive criterions (ACL-Embed and CE+SCL).
+"""What the criterions share: config mixins, their one validator, the loss-terms criterion.
+
+Configs are composed, not re-declared: :class:`ContrastiveConfig` (``--contrastive-lambda``,
+``--temperature``) and :class:`~acl_fairseq.acl_grad.AclGradConfig` (``--acl-grad`` /
+``--no-acl-grad``, ``--acl-grad-threshold``, ``--acl-grad-scope``) are mixed into fairseq's
+``sentence_prediction`` config (``acl_embed``, ``ce_scl``) or ``multi_exit_ce``'s
+(``acl_cross_layer``), and :func:`validate_criterion_config` checks every one of them.
 
 A criterion here returns its loss as separate terms (:class:`LossTerms`), so the task's
 ``train_step`` can compare their gradients (ACL-Grad). ``forward`` returns their sum, which
@@ -9,11 +15,13 @@ is ``lambda * N * contrastive_mean`` so that, after the trainer divides by ``sam
 the objective is ``CE_mean + lambda * contrastive_mean``.
 """
 
+import argparse
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,67 +29,101 @@ from fairseq.criterions.sentence_prediction import (
     SentencePredictionConfig,
     SentencePredictionCriterion,
 )
-from fairseq.dataclass import ChoiceEnum
+from fairseq.dataclass import FairseqDataclass
 from fairseq.logging import metrics
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-ACL_GRAD_SCOPE = ChoiceEnum(["all", "head"])
-ACL_GRAD_SCOPE_HELP = (
-    "parameters the ACL-Grad angle is measured on. 'all': every trainable parameter, decided "
-    "once per update on the exact gradients (a second backward pass, about 1.7-2x the cost of "
-    "CE per update); 'head': only the classification heads' parameters, decided per "
-    "micro-batch before its single backward pass (an approximation, about the cost of CE)"
+from ..acl_grad import (
+    AclGradConfig,
+    AclGradSettings,
+    AclGradTask,
+    LossTerms,
+    add_acl_grad_switch,
 )
 
-
-class LossTerms(NamedTuple):
-    """The loss of one batch as separate terms (both summed over the batch)."""
-
-    ce_loss: Tensor
-    contrastive_loss: Tensor
-    sample_size: int
-    logging_output: dict[str, Any]
+__all__ = [
+    "ContrastiveConfig",
+    "ContrastiveSentencePredictionConfig",
+    "ContrastiveSentencePredictionCriterion",
+    "config_type",
+    "LossTerms",
+    "LossTermsCriterion",
+    "validate_criterion_config",
+]
 
 
 @dataclass
-class ContrastiveConfig(SentencePredictionConfig):
+class ContrastiveConfig(FairseqDataclass):
+    """The contrastive term's flags, mixed into the config of every contrastive criterion."""
+
     contrastive_lambda: float = field(
         default=0.5,
-        metadata={"help": "weight lambda of the contrastive term: loss = CE + lambda * term"},
+        metadata={
+            "help": "weight lambda of the contrastive term: loss = CE + lambda * term (for "
+            "acl_cross_layer, of ACL-Embed on the last exit)"
+        },
     )
     temperature: float = field(
         default=0.3,
-        metadata={"help": "temperature tau (> 0) of the supervised contrastive loss"},
-    )
-    acl_grad_threshold: float = field(
-        default=90.0,
-        metadata={
-            "help": "ACL-Grad: drop the contrastive term for an update when the angle between "
-            "the CE gradient and the contrastive gradient exceeds this many degrees (0..180)"
-        },
-    )
-    acl_grad_scope: ACL_GRAD_SCOPE = field(  # type: ignore[valid-type]
-        default="all", metadata={"help": ACL_GRAD_SCOPE_HELP}
+        metadata={"help": "temperature tau (> 0) of the supervised contrastive loss(es)"},
     )
 
 
-def validate_contrastive_config(cfg: ContrastiveConfig, criterion_name: str) -> None:
-    """Raises ValueError naming the flag when a hyper-parameter is out of range."""
+@dataclass
+class ContrastiveSentencePredictionConfig(
+    SentencePredictionConfig, ContrastiveConfig, AclGradConfig
+):
+    """``acl_embed`` and ``ce_scl``: fairseq's sentence prediction, the term, ACL-Grad."""
+
+
+def _finite_at_least_zero(x: float) -> bool:
+    return math.isfinite(x) and x >= 0
+
+
+# config field -> (test, the error message for a value that fails it)
+_RULES = {
+    "contrastive_lambda": (
+        _finite_at_least_zero,
+        "--contrastive-lambda must be a finite number >= 0, got {}",
+    ),
+    "cross_layer_lambda": (
+        _finite_at_least_zero,
+        "--cross-layer-lambda must be a finite number >= 0, got {}",
+    ),
+    "temperature": (
+        lambda x: math.isfinite(x) and x > 0,
+        "--temperature must be > 0 (e.g. 0.1 or 0.3), got {}",
+    ),
+    "acl_grad_threshold": (
+        lambda x: 0.0 <= x <= 180.0,
+        "--acl-grad-threshold is an angle in degrees in [0, 180], got {}",
+    ),
+}
+
+
+def config_type(cfg: Any) -> type:
+    """The dataclass of a criterion config: ``cfg`` itself or the one behind its hydra node."""
+    return OmegaConf.get_type(cfg) if isinstance(cfg, DictConfig) else type(cfg)
+
+
+def validate_criterion_config(cfg: Any, criterion_name: str) -> None:
+    """Raises ValueError naming the flag when a hyper-parameter of ``cfg`` is out of range.
+
+    The one validator of every criterion config here (a dataclass or its hydra node): each
+    rule applies to the configs that have its field.
+    """
+    fields = {f.name for f in dataclasses.fields(config_type(cfg))}
     if cfg.regression_target:
+        needs = "a contrastive loss needs" if "temperature" in fields else "it needs"
         raise ValueError(
-            f"--criterion {criterion_name} is for classification: a contrastive loss needs "
-            "class labels, but --regression-target is set (e.g. STS-B). Use --criterion "
-            "sentence_prediction for regression tasks."
+            f"--criterion {criterion_name} is for classification: {needs} class labels, but "
+            "--regression-target is set (e.g. STS-B). Use --criterion sentence_prediction for "
+            "regression tasks."
         )
-    lam = cfg.contrastive_lambda
-    if not (math.isfinite(lam) and lam >= 0):
-        raise ValueError(f"--contrastive-lambda must be a finite number >= 0, got {lam}")
-    tau = cfg.temperature
-    if not (math.isfinite(tau) and tau > 0):
-        raise ValueError(f"--temperature must be > 0 (e.g. 0.1 or 0.3), got {tau}")
-    thr = cfg.acl_grad_threshold
-    if not (0.0 <= thr <= 180.0):
-        raise ValueError(f"--acl-grad-threshold is an angle in degrees in [0, 180], got {thr}")
+    for key, (ok, message) in _RULES.items():
+        if key in fields and not ok(float(getattr(cfg, key))):
+            raise ValueError(message.format(getattr(cfg, key)))
 
 
 @contextlib.contextmanager
@@ -134,11 +176,43 @@ def add_predictions(
 
 
 class LossTermsCriterion(SentencePredictionCriterion):
-    """A ``sentence_prediction`` criterion whose loss is CE + a contrastive term.
+    """A ``sentence_prediction`` criterion whose loss is CE + a contrastive term: an
+    :class:`~acl_fairseq.acl_grad.AclGradCriterion` of ``--task acl_sentence_prediction``.
 
     Subclasses implement ``loss_terms``; ``forward`` returns the sum, and the metrics are
-    fairseq's (accuracy, MCC / F1 when asked) plus ``ce_loss`` and ``contrastive_loss``.
+    fairseq's (accuracy, MCC / F1 when asked) plus ``ce_loss`` and ``contrastive_loss``. A
+    config with :class:`~acl_fairseq.acl_grad.AclGradConfig` turns ACL-Grad on or off
+    (``acl_grad``); without it, ACL-Grad is off.
     """
+
+    name = "loss_terms"
+
+    def __init__(self, cfg: SentencePredictionConfig, task):
+        validate_criterion_config(cfg, self.name)
+        super().__init__(cfg, task)
+        self.acl_grad: AclGradSettings | None = (
+            AclGradSettings.from_config(cfg)
+            if issubclass(config_type(cfg), AclGradConfig)
+            else None
+        )
+        if self.acl_grad is not None and not isinstance(task, AclGradTask):
+            raise ValueError(
+                f"--criterion {self.name} with ACL-Grad needs --task acl_sentence_prediction "
+                f"(its train_step compares the gradients); got --task "
+                f"{getattr(task.cfg, '_name', type(task).__name__)}. Switch the task, or pass "
+                "--no-acl-grad."
+            )
+
+    @classmethod
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
+        """fairseq's flags of the config, with ``--acl-grad`` / ``--no-acl-grad`` for ACL-Grad."""
+        dc = getattr(cls, "__dataclass", None)  # set by fairseq's register_criterion
+        if dc is not None and issubclass(dc, AclGradConfig):
+            add_acl_grad_switch(parser, default=dc().acl_grad)
+        super().add_args(parser)
+
+    def check_model(self, model: nn.Module) -> None:
+        """Raises ValueError when ``model`` cannot train with this criterion (at set-up)."""
 
     def loss_terms(self, model: nn.Module, sample: dict[str, Any]) -> LossTerms:
         raise NotImplementedError
@@ -181,26 +255,10 @@ class ContrastiveSentencePredictionCriterion(LossTermsCriterion):
 
     name = "contrastive"
 
-    def __init__(self, cfg: ContrastiveConfig, task, use_acl_grad: bool):
-        validate_contrastive_config(cfg, self.name)
+    def __init__(self, cfg: ContrastiveSentencePredictionConfig, task):
         super().__init__(cfg, task)
         self.contrastive_lambda = cfg.contrastive_lambda
         self.temperature = cfg.temperature
-        self.acl_grad_threshold = cfg.acl_grad_threshold
-        self.grad_align_scope = str(cfg.acl_grad_scope)
-        self.use_acl_grad = use_acl_grad
-        if use_acl_grad and not getattr(task, "supports_grad_align", False):
-            raise ValueError(
-                f"--criterion {self.name} with ACL-Grad needs --task acl_sentence_prediction "
-                f"(its train_step compares the gradients); got --task "
-                f"{getattr(task.cfg, '_name', type(task).__name__)}. Switch the task, or turn "
-                "ACL-Grad off."
-            )
-
-    @property
-    def grad_align_threshold(self) -> float | None:
-        """Angle (degrees) for ACL-Grad in the task's ``train_step``; None when it is off."""
-        return self.acl_grad_threshold if self.use_acl_grad else None
 
     def contrastive_term(
         self, features: Tensor, targets: Tensor, label_embeddings: Tensor
