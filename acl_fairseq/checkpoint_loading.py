@@ -1,25 +1,38 @@
-"""Makes fairseq checkpoints load under torch >= 2.6 without turning weights_only off.
+"""Loads fairseq checkpoints under torch >= 2.6 and stops early on the wrong checkpoint.
 
 Since torch 2.6 ``torch.load`` defaults to ``weights_only=True``; fairseq checkpoints pickle an
 ``argparse.Namespace`` (``args``), so ``fairseq-validate --path``, ``--restore-file``, resuming
 from ``checkpoint_last.pt`` and ``from_pretrained`` fail with "Weights only load failed".
 
-:func:`install` wraps ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (the one function
-every fairseq entry point loads checkpoints through) so that, during that call only, the few
-plain-data classes fairseq checkpoints hold are allow-listed for the weights-only unpickler.
-Every other ``torch.load`` in the process keeps torch's default, and a checkpoint holding
-anything else still fails, with a message that says what to do.
+:func:`install` wraps two functions of ``fairseq.checkpoint_utils``, for every task and
+criterion (fairseq's own ``sentence_prediction`` too, once ``--user-dir acl_fairseq`` is given):
+
+* ``load_checkpoint_to_cpu`` (the one function every fairseq entry point loads checkpoints
+  through): during that call only, the few plain-data classes fairseq checkpoints hold are
+  allow-listed for the weights-only unpickler. Every other ``torch.load`` in the process keeps
+  torch's default. A file that is not a fairseq checkpoint (a Hugging Face state dict or
+  ``.safetensors`` file, a plain tensor dict) fails with a message that says what to do.
+* ``load_checkpoint`` (``fairseq-train``'s restore step): an explicit ``--restore-file`` that
+  does not exist stops training before it starts; fairseq would only log "No existing
+  checkpoint found" and train from random weights. The default ``checkpoint_last.pt`` keeps
+  fairseq's meaning: resume from ``SAVE_DIR/checkpoint_last.pt`` if it exists, else start fresh.
 """
 
 import argparse
+import contextvars
 import functools
+import logging
+import os
 import pickle
 
 import numpy as np
 import torch
 from fairseq import checkpoint_utils
+from fairseq.file_io import PathManager
 
-__all__ = ["install", "SAFE_GLOBALS"]
+__all__ = ["install", "SAFE_GLOBALS", "check_restore_file"]
+
+logger = logging.getLogger(__name__)
 
 #: Classes a fairseq checkpoint may hold besides tensors and builtins: ``args`` of old
 #: checkpoints and of roberta.base, and numpy scalars that metrics sometimes leave behind.
@@ -32,26 +45,157 @@ SAFE_GLOBALS: list = [
     np._core.multiarray.scalar,
 ]
 
+DEFAULT_RESTORE_FILE = "checkpoint_last.pt"
+CONVERTER = "acl-fairseq-convert-bert HF_DIR OUTDIR"
+FAIRSEQ_CHECKPOINT = (
+    "A fairseq checkpoint is a torch file holding a dict with 'model' (the state dict) and "
+    "'args' or 'cfg' (the model's configuration), as fairseq-train writes (checkpoint_*.pt) "
+    "and as released fairseq models come (roberta.base/model.pt)"
+)
+# How the file being loaded was named; load_checkpoint sets it to the --restore-file flag.
+_SOURCE = contextvars.ContextVar(
+    "acl_fairseq_checkpoint_source",
+    default="the checkpoint (--restore-file, --finetune-from-model, --path or from_pretrained)",
+)
+_HF_BERT_PREFIXES = ("bert.", "embeddings.", "encoder.layer.", "pooler.", "cls.")
 
-def _allow_fairseq_globals(load_fn):
+
+# ----------------------------------------------------------------- what a file is
+def _is_safetensors(path: str) -> bool:
+    if str(path).endswith(".safetensors"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(10)
+    except OSError:
+        return False
+    return len(head) == 10 and head[8:10] == b'{"'  # u64 header length, then a JSON header
+
+
+def _hf_message(path: str, kind: str) -> str:
+    return (
+        f"{_SOURCE.get()}: {path} is a Hugging Face BERT checkpoint ({kind}), not a fairseq "
+        f"one. Convert its folder (config.json, vocab.txt and the weights) with `{CONVERTER}`, "
+        "then pass --restore-file OUTDIR/model.pt with the model flags in "
+        "OUTDIR/fairseq_args.txt, and binarize the data with --srcdict OUTDIR/dict.txt"
+    )
+
+
+def _not_fairseq_message(path: str, found: str) -> str:
+    return f"{_SOURCE.get()}: {path} is not a fairseq checkpoint ({found}). {FAIRSEQ_CHECKPOINT}"
+
+
+def diagnose(path: str) -> str | None:
+    """Why ``path`` is not a fairseq checkpoint, or None if it may be one (or cannot be read).
+
+    Reads the file with ``torch.load(weights_only=True)``, which runs no code from the file.
+    """
+    if _is_safetensors(path):
+        return _hf_message(path, "a .safetensors file")
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return None
+    if not isinstance(state, dict):
+        return _not_fairseq_message(path, f"it holds a {type(state).__name__}, not a dict")
+    if "model" in state:
+        return None
+    keys = [str(k) for k in state]
+    if any(k.startswith(_HF_BERT_PREFIXES) for k in keys):
+        example = next(k for k in keys if k.startswith(_HF_BERT_PREFIXES))
+        return _hf_message(path, f"a state dict with keys such as '{example}'")
+    shown = ", ".join(repr(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+    return _not_fairseq_message(path, f"a dict without a 'model' key; its keys: {shown or 'none'}")
+
+
+def _check_loadable(load_fn):
     @functools.wraps(load_fn)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
+        if PathManager.isfile(path) and _is_safetensors(path):
+            raise ValueError(diagnose(path))
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             try:
                 return load_fn(path, *args, **kwargs)
-            except pickle.UnpicklingError as e:
-                raise pickle.UnpicklingError(
-                    f"{path}: this checkpoint holds objects outside the set that acl_fairseq "
-                    f"allows for fairseq checkpoints ({e}). If you trust the file, load it once "
-                    "with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 and save it again."
-                ) from e
+            except Exception as e:
+                why = diagnose(path) if PathManager.isfile(path) else None
+                if why is not None:
+                    raise ValueError(why) from e
+                if isinstance(e, pickle.UnpicklingError):
+                    raise pickle.UnpicklingError(
+                        f"{path}: this checkpoint holds objects outside the set that "
+                        f"acl_fairseq allows for fairseq checkpoints ({e}). If you trust the "
+                        "file, load it once with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 and save "
+                        "it again."
+                    ) from e
+                raise
 
     load_checkpoint_to_cpu._acl_fairseq_safe = True  # type: ignore[attr-defined]
     return load_checkpoint_to_cpu
 
 
+# ----------------------------------------------------------------- --restore-file
+def check_restore_file(cfg, suffix: str | None = "") -> str | None:
+    """Raises when an explicit ``--restore-file`` names no file; returns the path fairseq
+    will restore (None for the default, which resumes only if there is something to resume).
+
+    ``cfg`` is fairseq's checkpoint config. An explicit path equal to
+    ``SAVE_DIR/checkpoint_last.pt`` means the same as the default and may be missing.
+    """
+    restore = cfg.restore_file
+    last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix or ''}.pt")
+    if restore == DEFAULT_RESTORE_FILE:
+        return None
+    path = restore.replace(".pt", suffix + ".pt") if suffix is not None else restore
+    if PathManager.isfile(path):
+        if PathManager.isfile(last) and os.path.abspath(path) != os.path.abspath(last):
+            logger.warning(
+                f"--restore-file {path} is given, so fairseq restores it and not {last}: this "
+                f"run starts over from {path}. To resume instead, pass --restore-file {last} "
+                "(or leave --restore-file at its default)"
+            )
+        return path
+    if os.path.abspath(path) == os.path.abspath(last):
+        return path  # the default's file, named explicitly: nothing to resume yet
+    named = restore if path == restore else f"{restore} (read as {path})"
+    if PathManager.exists(path):
+        hf = any(PathManager.exists(os.path.join(path, f)) for f in ("config.json", "vocab.txt"))
+        fix = (
+            f"it holds a Hugging Face model: convert it with `{CONVERTER}` and pass "
+            "--restore-file OUTDIR/model.pt"
+            if hf
+            else "pass the checkpoint file inside it (e.g. model.pt or checkpoint_best.pt)"
+        )
+        raise IsADirectoryError(
+            f"--restore-file (checkpoint.restore_file) {named} is a folder: {fix}"
+        )
+    raise FileNotFoundError(
+        f"--restore-file (checkpoint.restore_file) {named}: no such file, and fairseq would "
+        "train from randomly initialised weights. Pass the path of a fairseq checkpoint (e.g. "
+        f"roberta.base/model.pt), or leave --restore-file at its default ({DEFAULT_RESTORE_FILE}"
+        f": resume from {last} if it exists, else start from scratch)"
+    )
+
+
+def _check_restore(load_fn):
+    @functools.wraps(load_fn)
+    def load_checkpoint(cfg, trainer, **kwargs):
+        check_restore_file(cfg, getattr(trainer, "checkpoint_suffix", ""))
+        token = _SOURCE.set("--restore-file (checkpoint.restore_file)")
+        try:
+            return load_fn(cfg, trainer, **kwargs)
+        finally:
+            _SOURCE.reset(token)
+
+    load_checkpoint._acl_fairseq_safe = True  # type: ignore[attr-defined]
+    return load_checkpoint
+
+
 def install() -> None:
-    """Idempotent: wraps ``checkpoint_utils.load_checkpoint_to_cpu`` once."""
+    """Idempotent: wraps ``checkpoint_utils.load_checkpoint_to_cpu`` and ``load_checkpoint``."""
     current = checkpoint_utils.load_checkpoint_to_cpu
     if not getattr(current, "_acl_fairseq_safe", False):
-        checkpoint_utils.load_checkpoint_to_cpu = _allow_fairseq_globals(current)
+        checkpoint_utils.load_checkpoint_to_cpu = _check_loadable(current)
+    current = checkpoint_utils.load_checkpoint
+    if not getattr(current, "_acl_fairseq_safe", False):
+        checkpoint_utils.load_checkpoint = _check_restore(current)

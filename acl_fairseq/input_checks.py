@@ -15,14 +15,18 @@ from fairseq.data import data_utils
 logger = logging.getLogger(__name__)
 
 
-def check_num_classes(num_classes: int, label_dictionary, data: str) -> None:
-    """Fails fast when ``--num-classes`` disagrees with ``label/dict.txt``."""
-    d = label_dictionary
-    labels = [
+def _labels(d) -> list[str]:
+    """The labels of a label dictionary (no special symbols, no unused padding symbols)."""
+    return [
         d.symbols[i]
         for i in range(d.nspecial, len(d))
         if d.count[i] > 0 and d.symbols[i] != "<mask>"
     ]
+
+
+def check_num_classes(num_classes: int, label_dictionary, data: str) -> None:
+    """Fails fast when ``--num-classes`` disagrees with ``label/dict.txt``."""
+    labels = _labels(label_dictionary)
     if len(labels) != num_classes:
         raise ValueError(
             f"--num-classes {num_classes} does not match {data}/label/dict.txt, which lists "
@@ -69,9 +73,10 @@ def check_split_files(cfg, split: str, dictionary, label_dictionary, combine=Fal
     missing although ``input1/`` holds other splits (a pair task whose SPLIT would silently be
     read as single sentences), when the files disagree on the number of examples, or when a
     label line is empty or holds several tokens (fairseq would fail on the first batch that
-    contains it). A pair dataset without any ``input1/`` cannot be told from a single-sentence
-    one: fairseq's GLUE recipes pass ``--separator-token`` for single-sentence tasks too, so
-    that case is only logged. Empty *input* lines are valid (e.g. QQP has empty questions):
+    contains it), or when a label is not in ``label/dict.txt`` (:func:`check_labels_known`).
+    A pair dataset without any ``input1/`` cannot be told from a single-sentence one:
+    fairseq's GLUE recipes pass ``--separator-token`` for single-sentence tasks too, so that
+    case is only logged. Empty *input* lines are valid (e.g. QQP has empty questions):
     they become ``<s></s>`` and are counted in a warning.
     """
     data = cfg.data
@@ -133,6 +138,8 @@ def check_split_files(cfg, split: str, dictionary, label_dictionary, combine=Fal
                 f"every line of the raw {split}.label must hold exactly one label. Fix the raw "
                 "file and binarize it again"
             )
+    if label is not None:
+        check_labels_known(data, split, label, label_dictionary)
     for key, ds in (("input0", input0), ("input1", input1)):
         if ds is not None:
             empty = np.asarray(ds.sizes) <= 1  # only </s>
@@ -141,6 +148,64 @@ def check_split_files(cfg, split: str, dictionary, label_dictionary, combine=Fal
                     f"split '{split}': {empty.sum()} of {len(empty)} lines of {data}/{key} are "
                     f"empty (line {_first_lines(empty)}); they are kept as '<s></s>'"
                 )
+
+
+def _label_tokens(ds) -> np.ndarray:
+    """The first token of every line of a binarized label split (one label + </s> a line)."""
+    if hasattr(ds, "datasets"):  # --combine: train, train1, ...
+        return np.concatenate([_label_tokens(d) for d in ds.datasets])
+    index = getattr(ds, "_index", None)
+    if getattr(ds, "_bin_buffer", None) is not None and hasattr(index, "_pointers"):
+        flat = np.frombuffer(ds._bin_buffer, dtype=index.dtype)
+        return flat[np.asarray(index._pointers) // np.dtype(index.dtype).itemsize]
+    return np.array([int(ds[i][0]) for i in range(len(ds))], dtype=np.int64)
+
+
+def _raw_labels(data: str, n_lines: int, lines: list[int], label_dictionary) -> str:
+    """The raw label file of a split and its labels on ``lines`` (1-based), as far as
+    ``label/preprocess.log`` names a raw file of ``n_lines`` lines that still exists."""
+    log = os.path.join(data, "label", "preprocess.log")
+    if not os.path.exists(log):
+        return ""
+    with open(log, encoding="utf-8", errors="replace") as f:
+        raw_files = re.findall(r"^\[\S+\] (.+): \d+ sents, \d+ tokens", f.read(), re.M)
+    for raw in dict.fromkeys(reversed(raw_files)):  # the latest run first
+        if not os.path.isfile(raw):
+            continue
+        with open(raw, encoding="utf-8", errors="replace") as f:
+            values = [line.strip() for line in f]
+        if len(values) != n_lines:
+            continue
+        found = [values[i - 1] for i in lines]
+        if all(label_dictionary.index(v) == label_dictionary.unk_index for v in found):
+            shown = ", ".join(f"line {i}: {v!r}" for i, v in zip(lines, found))
+            return f" of {raw} ({shown})"
+    return ""
+
+
+def check_labels_known(data: str, split: str, label, label_dictionary) -> None:
+    """Raises when a label of ``label/SPLIT`` is not in ``label/dict.txt``.
+
+    fairseq-preprocess writes such a label as ``<unk>``; fairseq would train on the split, or
+    train a whole epoch before validation stops on it, with a message about ``--num-classes``.
+    """
+    tokens = _label_tokens(label)
+    unknown = tokens < label_dictionary.nspecial  # <unk> (or another special symbol)
+    if not unknown.any():
+        return
+    lines = (np.flatnonzero(unknown)[:5] + 1).tolist()
+    raw = _raw_labels(data, len(tokens), lines, label_dictionary)
+    known = _labels(label_dictionary)
+    more = ", ..." if unknown.sum() > len(lines) else ""
+    raise ValueError(
+        f"{data}/label/{split}.bin: {unknown.sum()} of {len(tokens)} labels are not in "
+        f"{data}/label/dict.txt (binarized as <unk>): line{'s' if len(lines) > 1 else ''} "
+        f"{', '.join(map(str, lines))}{more}"
+        f"{raw}. The dictionary lists {', '.join(known[:10])}{'...' if len(known) > 10 else ''}. "
+        "Fix the label if it is a typo, or re-run the data preparation (acl-fairseq-prepare, "
+        f"or fairseq-preprocess --only-source --srcdict DICT --destdir {data}/label) for every "
+        "split with one label dictionary DICT that lists every label"
+    )
 
 
 def check_lengths(cfg, split: str, sizes) -> None:

@@ -33,7 +33,7 @@ TASKS = {
 }
 METHODS = {
     # method -> (task, criterion, multi-exit arch) of its (last) stage
-    "ce": ("sentence_prediction", "sentence_prediction", False),
+    "ce": ("acl_sentence_prediction", "sentence_prediction", False),
     "ce_scl": ("acl_sentence_prediction", "ce_scl", False),
     "acl": ("acl_sentence_prediction", "acl_embed", False),
     "multi_exit_joint": ("acl_sentence_prediction", "multi_exit_ce", True),
@@ -497,7 +497,7 @@ def hydra_acl(glue_dir, tmp_path_factory):
     out = hydra_train(
         glue_dir / "RTE-bin",
         save_dir,
-        "none",  # no such file: from scratch
+        "checkpoint_last.pt",  # fairseq's default: none saved, so from scratch
         *HYDRA_METHOD["acl"],
         "++criterion.temperature=0.1",
     )
@@ -534,7 +534,9 @@ def test_hydra_acl_cl_stage2_restores_stage1(glue_dir, hydra_acl, tmp_path):
 
 @pytest.mark.slow
 def test_hydra_multi_exit_joint(glue_dir, tmp_path):
-    out = hydra_train(glue_dir / "RTE-bin", tmp_path, "none", *HYDRA_METHOD["multi_exit_joint"])
+    out = hydra_train(
+        glue_dir / "RTE-bin", tmp_path, "checkpoint_last.pt", *HYDRA_METHOD["multi_exit_joint"]
+    )
     assert (tmp_path / "checkpoint_best.pt").is_file()
     valid = last_record(out, "valid_accuracy")
     assert {"valid_accuracy_exit1", "valid_accuracy_exit2"} <= set(valid)

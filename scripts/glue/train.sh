@@ -5,7 +5,9 @@
 # Usage: scripts/glue/train.sh TASK METHOD [extra fairseq-train args...] [--dry-run]
 #
 #   TASK    CoLA SST-2 MRPC STS-B QQP MNLI QNLI RTE (case, '-' and '_' do not matter)
-#   METHOD  ce                fairseq's sentence_prediction task and criterion (baseline)
+#   METHOD  ce                fairseq's sentence_prediction criterion (the baseline), run by
+#                             --task acl_sentence_prediction: fairseq's own training step,
+#                             plus the plugin's checks of --num-classes, data and checkpoint
 #           ce_scl            CE + supervised contrastive loss (Gunel et al.)
 #           acl               CE + ACL-Embed, ACL-Grad on (--criterion acl_embed)
 #           multi_exit_joint  two stages: ce (SAVE_DIR/stage1), then the multi-exit model
@@ -101,7 +103,7 @@ esac
 # FS_TASK, CRITERION: the (first) stage; STAGE2_CRITERION: the multi-exit stage 2, if any
 STAGE2_CRITERION=
 case $METHOD in
-  ce) FS_TASK=sentence_prediction CRITERION=sentence_prediction ;;
+  ce) FS_TASK=acl_sentence_prediction CRITERION=sentence_prediction ;;
   ce_scl) FS_TASK=acl_sentence_prediction CRITERION=ce_scl ;;
   acl) FS_TASK=acl_sentence_prediction CRITERION=acl_embed ;;
   multi_exit_joint)
