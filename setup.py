@@ -23,6 +23,7 @@ setup(
             "acl-fairseq-convert-bert = acl_fairseq.cli.convert_bert:main",
             "acl-fairseq-compare = acl_fairseq.cli.compare.cli:main",
             "acl-fairseq-sweep = acl_fairseq.cli.sweep:main",
+            "acl-fairseq-predict = acl_fairseq.cli.predict:main",
             "acl-fairseq-plots = acl_fairseq.cli.plots:main",
             "acl-fairseq-demo = acl_fairseq.cli.demo:main",
             "acl-fairseq-study = acl_fairseq.cli.study.cli:main",

@@ -106,15 +106,30 @@ def default_thresholds(kind: str, num_classes: int, num_shallow_exits: int) -> l
 # ----------------------------------------------------------------------------- loading
 
 
-def load_checkpoint(path: str | Path, data: str | Path, device: torch.device | str = "cpu"):
-    """``(model, task)`` of a fairseq checkpoint, in eval mode on ``device``."""
-    from fairseq import checkpoint_utils
+def load_checkpoint(
+    path: str | Path,
+    data: str | Path,
+    device: torch.device | str = "cpu",
+    multi_exit: bool = True,
+    state: dict[str, Any] | None = None,
+):
+    """``(model, task)`` of a fairseq checkpoint, in eval mode on ``device``.
 
+    Args:
+        multi_exit: stop unless the model has ``early_exit`` (a multi-exit model).
+        state: the checkpoint already read (``checkpoint_utils.load_checkpoint_to_cpu``).
+    """
+    from fairseq import checkpoint_utils
+    from fairseq.dataclass.utils import overwrite_args_by_name
+
+    overrides = {"data": str(data)}
+    if state is not None:  # fairseq applies arg_overrides only to a state it reads itself
+        overwrite_args_by_name(state["cfg"], overrides)
     models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(path)], arg_overrides={"data": str(data)}
+        [str(path)], arg_overrides=overrides, state=state
     )
     model = models[0]
-    if not hasattr(model, "early_exit"):
+    if multi_exit and not hasattr(model, "early_exit"):
         raise SystemExit(
             f"{path} holds a {type(model).__name__}, not a multi-exit model "
             "(train it with --arch multi_exit_roberta*)"

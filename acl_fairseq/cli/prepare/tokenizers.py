@@ -165,14 +165,19 @@ def _init_worker(config: TokenizerConfig) -> None:
     _WORKER_TOKENIZER = build_tokenizer(config)
 
 
+def text_tokens(tokenizer: Tokenizer, text: str) -> list[str]:
+    """The tokens of ``text`` as they go into the fairseq text file: every token split on
+    whitespace, as fairseq's ``tokenize_line`` will split the line (keeps one line each)."""
+    return [part for token in tokenizer.tokenize(text) for part in token.split()]
+
+
 def _encode_chunk(job: tuple[int, list[str]]) -> tuple[int, list[str], list[int]]:
     """Tokenize a chunk of texts into space-joined lines (+ token counts)."""
     key, texts = job
     assert _WORKER_TOKENIZER is not None
     lines, lengths = [], []
     for text in texts:
-        # Split tokens on any whitespace, as fairseq's tokenize_line will: keeps one line each.
-        tokens = [part for token in _WORKER_TOKENIZER.tokenize(text) for part in token.split()]
+        tokens = text_tokens(_WORKER_TOKENIZER, text)
         lines.append(" ".join(tokens))
         lengths.append(len(tokens))
     return key, lines, lengths

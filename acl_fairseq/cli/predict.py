@@ -1,0 +1,222 @@
+"""Classify raw text with a fine-tuned checkpoint, at full depth or with early exit.
+
+Usage::
+
+    echo "a gripping, beautifully acted film" | acl-fairseq-predict --path CHECKPOINT
+    acl-fairseq-predict CHECKPOINT --input sentences.txt --policy entropy:0.3
+    acl-fairseq-predict CHECKPOINT --input pairs.tsv --text-columns 1,2 --header
+
+One output line per input line, in input order: ``label<TAB>probability<TAB>exit_layer``
+(the label dictionary's string, the softmax probability of that label at the exit it was taken
+from, the 1-based layer of that exit). A summary goes to stderr.
+
+The text is encoded exactly as the training data: the tokenizer recorded by
+``acl-fairseq-prepare`` in ``DATA/prepare_glue.json``, the source dictionary, the task's
+``--init-token`` / ``--separator-token`` (see :mod:`acl_fairseq.cli.predict_examples`).
+``DATA`` is the checkpoint's own data folder unless ``--data`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import Tensor
+
+from acl_fairseq.cli.predict_examples import ExampleEncoder, PredictError, parse_columns, read_rows
+from acl_fairseq.exit_policies import ExitPolicy, parse_policy
+
+DEFAULT_HEAD = "sentence_classification_head"
+PROG = "acl-fairseq-predict"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Classify raw text (one example per line) with a fine-tuned checkpoint.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("checkpoint", nargs="?", help="fairseq checkpoint (or --path)")
+    p.add_argument("--path", dest="path_opt", metavar="CHECKPOINT", help="same as CHECKPOINT")
+    p.add_argument("--input", default="-", help="text file, one example per line; - is stdin")
+    p.add_argument(
+        "--text-columns", help="read the input as TSV: its 1-based text column(s), e.g. 1,2"
+    )
+    p.add_argument("--header", action="store_true", help="skip the first input line")
+    p.add_argument(
+        "--policy",
+        help="early exit, e.g. entropy:0.3, maxprob:0.9, patience:2 (default: full depth)",
+    )
+    p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass")
+    p.add_argument("--head", default=DEFAULT_HEAD, help="classification head")
+    p.add_argument("--data", help="prepared data folder (default: the checkpoint's own)")
+    p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
+    return p
+
+
+def checkpoint_state(path: str) -> dict[str, Any]:
+    """The checkpoint read to CPU, or an error naming it."""
+    if not Path(path).is_file():
+        raise PredictError(f"checkpoint {path} not found (--path)")
+    from fairseq import checkpoint_utils
+
+    import acl_fairseq  # noqa: F401  (registers the plugin)
+
+    return checkpoint_utils.load_checkpoint_to_cpu(path)
+
+
+def data_folder(state: dict[str, Any], given: str | None, checkpoint: str) -> str:
+    """``--data``, or the data folder the checkpoint was trained on (``cfg.task.data``)."""
+    if given is not None:
+        if not Path(given).is_dir():
+            raise PredictError(f"--data {given}: no such folder")
+        return given
+    cfg = state.get("cfg")
+    data = getattr(getattr(cfg, "task", None), "data", None) if cfg is not None else None
+    if not data or not Path(data).is_dir():
+        raise PredictError(
+            f"{checkpoint} was trained on data folder {data!r}, which does not exist here: "
+            "give the prepared folder with --data"
+        )
+    return str(data)
+
+
+def num_layers(model: Any) -> int:
+    """Encoder layer count of a (multi-exit or plain) RoBERTa model."""
+    if hasattr(model, "num_layers"):
+        return int(model.num_layers)
+    return len(model.encoder.sentence_encoder.layers)
+
+
+def run_batches(
+    model: Any,
+    examples: Sequence[Tensor],
+    policy: ExitPolicy | None,
+    head: str,
+    batch_size: int,
+    pad: int,
+    device: torch.device,
+) -> list[tuple[int, float, int, float]]:
+    """``(class index, probability, exit layer, first logit)`` per example, in the order of
+    ``examples`` (the first logit is a regression model's output); batches are formed by
+    length (less padding) and the order restored."""
+    from fairseq.data import data_utils
+
+    order = sorted(range(len(examples)), key=lambda i: examples[i].numel())
+    results: list[tuple[int, float, int, float]] = [(0, 0.0, 0, 0.0)] * len(examples)
+    depth = num_layers(model)
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            ids = order[start : start + batch_size]
+            tokens = data_utils.collate_tokens([examples[i] for i in ids], pad).to(device)
+            if policy is None:
+                logits = model(tokens, classification_head_name=head)[0]
+                layers = torch.full((len(ids),), depth, dtype=torch.long)
+            else:
+                result = model.early_exit(tokens, policy, classification_head_name=head)
+                logits, layers = result.logits, result.exit_layers
+            probs = torch.softmax(logits.float(), dim=-1)
+            best, preds = probs.max(dim=-1)
+            for k, i in enumerate(ids):
+                results[i] = (int(preds[k]), float(best[k]), int(layers[k]), float(logits[k, 0]))
+    return results
+
+
+def _read_input(path: str, stdin: TextIO) -> list[str]:
+    if path == "-":
+        return stdin.readlines()
+    if not Path(path).is_file():
+        raise PredictError(f"--input {path}: no such file")
+    with open(path, encoding="utf-8") as f:
+        return f.readlines()
+
+
+def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+    from acl_fairseq.cli.prepare.binarize import read_meta
+    from acl_fairseq.cli.sweep import load_checkpoint
+
+    columns = parse_columns(args.text_columns)
+    if args.batch_size < 1:
+        raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
+    try:
+        policy = parse_policy(args.policy) if args.policy else None
+    except ValueError as e:
+        raise PredictError(f"--policy: {e}") from None
+    state = checkpoint_state(args.checkpoint)
+    data = data_folder(state, args.data, args.checkpoint)
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    model, task = load_checkpoint(args.checkpoint, data, device, multi_exit=False, state=state)
+    if args.head not in model.classification_heads:
+        heads = ", ".join(sorted(model.classification_heads)) or "none"
+        raise PredictError(f"--head {args.head}: not in {args.checkpoint} (heads: {heads})")
+    if policy is not None and not hasattr(model, "early_exit"):
+        raise PredictError(
+            f"--policy {args.policy}: {args.checkpoint} holds a {type(model).__name__} with "
+            "one exit, so only full depth is possible: drop --policy (or train a multi-exit "
+            "model, --arch multi_exit_roberta*)"
+        )
+    regression = bool(getattr(task.cfg, "regression_target", False))
+    if regression and policy is not None:
+        raise PredictError("--policy: early exit needs a classification (not regression) model")
+    from fairseq import utils
+
+    max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+    encoder = ExampleEncoder.from_task(task, data, int(max_positions))
+    source = "stdin" if args.input == "-" else args.input
+    rows = read_rows(_read_input(args.input, stdin), source, columns, args.header)
+    if columns is None and encoder.num_inputs == 2:
+        raise PredictError(
+            f"{args.checkpoint} is a sentence-pair model: give a TSV with --text-columns 1,2"
+        )
+    examples = [encoder.encode(row, source) for row in rows]
+
+    start = time.perf_counter()
+    results = run_batches(
+        model, examples, policy, args.head, args.batch_size, encoder.dictionary.pad(), device
+    )
+    seconds = time.perf_counter() - start
+    labels = task.label_dictionary
+    divisor = float(read_meta(data).get("label_divisor") or 1.0) if regression else 1.0
+    for index, prob, layer, value in results:
+        if regression:  # the score in the units of the raw labels; no probability
+            stdout.write(f"{value * divisor:.4g}\t-\t{layer}\n")
+        else:
+            stdout.write(f"{labels[index + labels.nspecial]}\t{prob:.4f}\t{layer}\n")
+    stdout.flush()
+    mean_layer = sum(r[2] for r in results) / len(results) if results else 0.0
+    rate = len(results) / seconds if seconds > 0 else float("inf")
+    stderr.write(
+        f"{PROG}: {len(results)} sentences, {rate:.1f} sentences/s, mean exit layer "
+        f"{mean_layer:.2f} of {num_layers(model)} ({args.policy or 'full depth'})\n"
+    )
+    return 0
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.checkpoint and args.path_opt and args.checkpoint != args.path_opt:
+        parser.error(f"checkpoint given twice: {args.checkpoint} and --path {args.path_opt}")
+    args.checkpoint = args.checkpoint or args.path_opt
+    if not args.checkpoint:
+        parser.error("CHECKPOINT is required (positional or --path)")
+    stderr = stderr or sys.stderr
+    try:
+        return predict_main(args, stdin or sys.stdin, stdout or sys.stdout, stderr)
+    except PredictError as e:
+        stderr.write(f"{PROG}: error: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""acl-fairseq-predict: raw text in, predictions out, encoded exactly as the training data."""
+
+from __future__ import annotations
+
+import io
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from acl_fairseq.cli import predict
+from acl_fairseq.cli.predict_examples import ExampleEncoder, InputRow, PredictError
+from acl_fairseq.cli.prepare import cli as prepare_cli
+from acl_fairseq.cli.sweep import load_batches, load_checkpoint
+
+from fairseq_helpers import NEGATIVE, NEUTRAL, POSITIVE, TINY_ROBERTA, fairseq_train
+
+MULTI_EXIT = [
+    "--arch", "multi_exit_roberta_tiny", "--max-positions", "64",
+    "--criterion", "multi_exit_ce", "--task", "acl_sentence_prediction",
+    "--batch-size", "16", "--optimizer", "adam", "--lr", "1e-3", "--max-update", "12",
+    "--no-epoch-checkpoints", "--seed", "1",
+]  # fmt: skip
+PLAIN = [
+    *TINY_ROBERTA, "--criterion", "sentence_prediction", "--task", "acl_sentence_prediction",
+    "--batch-size", "16", "--optimizer", "adam", "--lr", "1e-3", "--max-update", "1",
+    "--no-epoch-checkpoints", "--seed", "1",
+]  # fmt: skip
+
+
+def write_tsv(path: Path, n: int, seed: int, pair: bool = False) -> list[list[str]]:
+    """``n`` labelled rows (text[, text2], label) of a learnable sentiment task, as TSV."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        label = rng.randint(0, 1)
+        strong = POSITIVE if label else NEGATIVE
+        words = [rng.choice(strong) for _ in range(3)] + rng.sample(NEUTRAL, rng.randint(2, 9))
+        rng.shuffle(words)
+        text = " ".join(words).capitalize() + "."
+        row = [text, " ".join(rng.sample(NEUTRAL, 3))] if pair else [text]
+        rows.append(row + ["pos" if label else "neg"])
+    path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+    return rows
+
+
+def prepare(root: Path, pair: bool = False) -> tuple[Path, list[list[str]]]:
+    """A prepared (sentencepiece) custom task in ``root/out/sst-bin``; returns the test rows."""
+    root.mkdir(parents=True, exist_ok=True)
+    write_tsv(root / "train.tsv", 160, 0, pair)
+    write_tsv(root / "valid.tsv", 40, 1, pair)
+    test_rows = write_tsv(root / "test.tsv", 37, 2, pair)
+    argv = ["--task", "custom", "--name", "sst", "--train", root / "train.tsv",
+            "--valid", root / "valid.tsv", "--test", root / "test.tsv",
+            "--text-columns", "1,2" if pair else "1", "--label-column", "3" if pair else "2",
+            "--out-dir", root / "out", "--tokenizer", "sentencepiece",
+            "--spm-vocab-size", "120", "--workers", "1"]  # fmt: skip
+    assert prepare_cli.main([str(a) for a in argv]) == 0
+    return root / "out" / "sst-bin", test_rows
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("predict")
+    data, test_rows = prepare(root)
+    fairseq_train(data, root / "multi", *MULTI_EXIT)
+    ckpt = root / "multi/checkpoint_last.pt"
+    return {"root": root, "data": data, "rows": test_rows, "ckpt": ckpt}
+
+
+def run_predict(*argv: str | Path, stdin: str = "") -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = predict.main([str(a) for a in argv], io.StringIO(stdin), out, err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_tokens_equal_the_binarized_split(trained) -> None:
+    model, task = load_checkpoint(trained["ckpt"], trained["data"])
+    encoder = ExampleEncoder.from_task(task, trained["data"], 64)
+    task.load_dataset("test")
+    dataset = task.dataset("test")
+    assert len(dataset) == len(trained["rows"])
+    for i, row in enumerate(trained["rows"]):
+        ours = encoder.encode(InputRow(i + 1, (row[0],)))
+        assert ours.tolist() == dataset[i]["net_input.src_tokens"].tolist(), row[0]
+    assert ours[0] == 0 and ours[-1] == task.source_dictionary.eos()
+
+
+def test_pair_tokens_equal_the_binarized_split(tmp_path: Path) -> None:
+    """input0 with --init-token, input1 with --separator-token, concatenated."""
+    from fairseq.tasks.sentence_prediction import (
+        SentencePredictionConfig,
+        SentencePredictionTask,
+    )
+
+    data, rows = prepare(tmp_path, pair=True)
+    cfg = SentencePredictionConfig(
+        data=str(data), num_classes=2, init_token=0, separator_token=2, seed=1
+    )
+    task = SentencePredictionTask.setup_task(cfg)
+    task.load_dataset("test")
+    encoder = ExampleEncoder.from_task(task, data, 512)
+    assert encoder.num_inputs == 2
+    for i, row in enumerate(rows):
+        ours = encoder.encode(InputRow(i + 1, (row[0], row[1])))
+        assert ours.tolist() == task.dataset("test")[i]["net_input.src_tokens"].tolist()
+    with pytest.raises(PredictError, match="line 3: 1 text column.* sentence-pair model"):
+        encoder.encode(InputRow(3, ("only one",)))
+    encoder.max_positions = 5
+    with pytest.raises(PredictError, match="stdin line 2: .* more than the model's 5 positions"):
+        encoder.encode(InputRow(2, (row[0], row[1])), "stdin")
+    encoder.truncate = True
+    assert encoder.encode(InputRow(2, (row[0], row[1]))).numel() == 5
+
+
+def _model_predictions(trained, policy: str | None) -> list[str]:
+    """The model's own predictions on the binarized test split (label, layer)."""
+    from acl_fairseq.exit_policies import parse_policy
+
+    model, task = load_checkpoint(trained["ckpt"], trained["data"])
+    labels = task.label_dictionary
+    out = []
+    with torch.no_grad():
+        for tokens, _ in load_batches(task, "test", 8):
+            if policy is None:
+                preds = model(tokens, classification_head_name=predict.DEFAULT_HEAD)[0].argmax(-1)
+                layers = [model.num_layers] * len(preds)
+            else:
+                result = model.early_exit(tokens, parse_policy(policy))
+                preds, layers = result.predictions, result.exit_layers.tolist()
+            out += [f"{labels[int(p) + labels.nspecial]}\t{n}" for p, n in zip(preds, layers)]
+    return out
+
+
+@pytest.mark.parametrize("policy", [None, "entropy:0.68", "patience:0"])
+def test_predictions_equal_the_models_on_the_binarized_split(trained, policy) -> None:
+    text = "".join(f"{row[0]}\n" for row in trained["rows"])
+    flags = ["--policy", policy] if policy else []
+    code, out, err = run_predict(trained["ckpt"], "--batch-size", "5", *flags, stdin=text)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == len(trained["rows"])
+    assert sorted(f"{a}\t{c}" for a, _, c in (x.split("\t") for x in lines)) == sorted(
+        _model_predictions(trained, policy)
+    )
+    layers = [int(line.split("\t")[2]) for line in lines]
+    probs = [float(line.split("\t")[1]) for line in lines]
+    assert all(0.5 <= p <= 1.0 for p in probs)
+    assert set(layers) <= {1, 2, 3, 4}
+    if policy in (None, "patience:0"):  # full depth; patience 0 leaves at the first exit
+        assert set(layers) == ({4} if policy is None else {1})
+    mean = sum(layers) / len(layers)
+    assert f"{len(lines)} sentences, " in err and "sentences/s" in err
+    assert f"mean exit layer {mean:.2f} of 4" in err
+    # input order: one sentence alone gives the line it got in the batch (same prediction)
+    for i in (0, 17, len(lines) - 1):
+        code, single, _ = run_predict(trained["ckpt"], *flags, stdin=trained["rows"][i][0])
+        assert single.strip().split("\t")[::2] == lines[i].split("\t")[::2], i
+
+
+def test_tsv_file_header_and_errors(trained, tmp_path: Path) -> None:
+    ckpt = trained["ckpt"]
+    tsv = tmp_path / "in.tsv"
+    tsv.write_text("id\ttext\n" + "".join(f"{i}\t{r[0]}\n" for i, r in enumerate(trained["rows"])))
+    code, out, err = run_predict("--path", ckpt, "--input", tsv, "--text-columns", "2", "--header")
+    assert code == 0, err
+    _, plain, _ = run_predict(ckpt, stdin="".join(f"{r[0]}\n" for r in trained["rows"]))
+    assert out == plain
+
+    code, _, err = run_predict(ckpt, "--input", tsv, "--text-columns", "2,1", "--header")
+    assert code == 2 and "line 2: 2 text column(s) for a single-sentence model" in err
+    code, _, err = run_predict(ckpt, "--input", tsv, "--text-columns", "3")
+    assert code == 2
+    assert "line 1: 2 tab-separated column(s), but --text-columns asks for column 3" in err
+    code, _, err = run_predict(ckpt, "--policy", "maxprob:90", stdin="x")
+    assert code == 2 and "--policy: bad exit policy 'maxprob:90'" in err
+    code, _, err = run_predict(ckpt, "--data", tmp_path / "nowhere", stdin="x")
+    assert code == 2 and "--data" in err and "no such folder" in err
+    code, _, err = run_predict(ckpt, "--head", "other", stdin="x")
+    assert code == 2 and "--head other: not in" in err
+    long_text = "x\n" + " ".join(NEUTRAL * 3) + "\n"
+    code, _, err = run_predict(ckpt, stdin=long_text)
+    assert code == 2 and "stdin line 2:" in err and "--shorten-method truncate" in err
+
+    # the checkpoint's data folder moved: --data names the new place
+    moved = tmp_path / "moved"
+    shutil.copytree(trained["data"], moved)
+    old = trained["data"].with_name("sst-bin.away")
+    trained["data"].rename(old)
+    try:
+        code, _, err = run_predict(ckpt, stdin="x")
+        assert code == 2
+        assert "which does not exist here: give the prepared folder with --data" in err
+        code, out, err = run_predict(ckpt, "--data", moved, stdin=trained["rows"][0][0])
+        assert code == 0 and out.split("\t")[0] == plain.split("\t")[0]
+    finally:
+        old.rename(trained["data"])
+
+
+def test_single_exit_checkpoint_full_depth_only(trained) -> None:
+    fairseq_train(trained["data"], trained["root"] / "plain", *PLAIN)
+    ckpt = trained["root"] / "plain/checkpoint_last.pt"
+    code, out, err = run_predict(ckpt, stdin="Good1 good2 w3.\nbad1 w4 w5\n")
+    assert code == 0, err
+    assert [line.split("\t")[2] for line in out.splitlines()] == ["2", "2"]
+    code, _, err = run_predict(ckpt, "--policy", "entropy:0.3", stdin="x")
+    assert code == 2 and "one exit, so only full depth is possible: drop --policy" in err
