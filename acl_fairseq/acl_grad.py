@@ -176,7 +176,8 @@ def add_acl_grad_switch(parser: argparse.ArgumentParser, default: bool) -> None:
 
 @dataclass(frozen=True)
 class AclGradSettings:
-    """What the training step needs of a criterion's ACL-Grad flags (validated)."""
+    """What the training step needs of a criterion's ACL-Grad flags (checked beforehand by
+    the criterion's validator, ``criterions.base.validate_criterion_config``)."""
 
     threshold: float  # degrees
     scope: str  # "all" or "head"

@@ -209,10 +209,10 @@ def test_angle_log_file(tmp_path):
     opt = PlainOptimizer(model.parameters())
     run_update(task, model, opt, [{"a": [1.0, 0.0], "b": [1.0, 1.0]}])
     run_update(task, model, opt, [{"a": [1.0, 0.0], "b": [-1.0, 0.0]}])
-    rows = [line.split("\t") for line in log.read_text().splitlines()]
+    rows = read_angle_log(log)
     # second update: g_ce = (1,0|1), g_con = (-1,0|0) -> 135 degrees
-    assert [float(r[1]) for r in rows] == pytest.approx([60.0, 135.0], abs=1e-3)
-    assert [int(r[2]) for r in rows] == [1, 0]
+    assert [r.angle for r in rows] == pytest.approx([60.0, 135.0], abs=1e-3)
+    assert [r.kept for r in rows] == [True, False]
 
 
 def test_one_decision_per_update_with_update_freq(tmp_path, monkeypatch):
@@ -346,9 +346,9 @@ def test_head_scope_decides_per_micro_batch(tmp_path):
     # micro-batch 1 dropped its term, micro-batch 2 kept it: 2a + b
     torch.testing.assert_close(model.w.grad, torch.tensor([7.0, 5.0]))
     torch.testing.assert_close(model.classification_heads["h"].v.grad, torch.tensor([3.0, 0.0]))
-    rows = [line.split("\t") for line in log.read_text().splitlines()]
-    assert [(float(r[1]), int(r[2])) for r in rows] == [(180.0, 0), (0.0, 1)]
-    assert [float(r[3]) for r in rows] == [float(r[1]) for r in rows]
+    rows = read_angle_log(log)
+    assert [(r.angle, r.kept) for r in rows] == [(180.0, False), (0.0, True)]
+    assert [r.head_angle for r in rows] == [r.angle for r in rows]
 
 
 def test_exact_scope_logs_the_head_angle_of_the_update(tmp_path):
@@ -357,10 +357,10 @@ def test_exact_scope_logs_the_head_angle_of_the_update(tmp_path):
     model, task = HeadedModel(), make_task(log=str(log))
     opt = PlainOptimizer(model.parameters())
     run_update(task, model, opt, [sample, sample], HeadedCriterion("all"))
-    (row,) = [line.split("\t") for line in log.read_text().splitlines()]
-    assert float(row[1]) == pytest.approx(math.degrees(math.acos(-1 / math.sqrt(18))), abs=1e-3)
-    assert int(row[2]) == 0
-    assert float(row[3]) == pytest.approx(45.0, abs=1e-3)
+    (row,) = read_angle_log(log)
+    assert row.angle == pytest.approx(math.degrees(math.acos(-1 / math.sqrt(18))), abs=1e-3)
+    assert not row.kept
+    assert row.head_angle == pytest.approx(45.0, abs=1e-3)
 
 
 def test_head_scope_without_head_parameters_is_a_clear_error():

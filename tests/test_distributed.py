@@ -16,6 +16,8 @@ import sys
 import pytest
 import torch
 
+from acl_fairseq.acl_grad import read_angle_log
+
 from fairseq_helpers import (
     LAUNCHER,
     TINY_ROBERTA,
@@ -66,8 +68,7 @@ def train_inner(output: str) -> list[dict]:
 
 
 def read_angles(path) -> list[tuple[int, float, int]]:
-    rows = [line.split("\t") for line in path.read_text().splitlines()]
-    return [(int(u), float(a), int(k)) for u, a, k, _head_angle in rows]
+    return [(r.update, r.angle, int(r.kept)) for r in read_angle_log(path)]
 
 
 def model_state(path) -> dict[str, torch.Tensor]:
