@@ -205,7 +205,14 @@ def test_meta_reader_rebuilds_the_recorded_tokenizer(tmp_path: Path) -> None:
     assert run_main(["--glue-dir", glue, "--out-dir", out, "--tasks", "SST-2"] + SPM_ARGS) == 0
     bin_dir = out / "SST-2-bin"
     meta = binarize.read_meta(bin_dir)
-    assert meta == json.loads((bin_dir / binarize.META_FILE).read_text())
+    recorded = json.loads((bin_dir / binarize.META_FILE).read_text())
+    assert {k: v for k, v in meta.items() if k != "tokenizer"} == {
+        k: v for k, v in recorded.items() if k != "tokenizer"
+    }
+    # recorded relative to the folder, read back as a path that exists
+    assert recorded["tokenizer"]["spm_model"] == "sentencepiece.model"
+    assert meta["tokenizer"]["spm_model"] == str(bin_dir / "sentencepiece.model")
+    assert recorded["splits"]["train"]["file"] == "../../glue/SST-2/train.tsv"
     assert meta["tokenizer"]["kind"] == "sentencepiece" and meta["num_classes"] == 2
     tokenizer = binarize.meta_tokenizer(bin_dir)
     dictionary, dataset = load(bin_dir / "input0" / "train")
@@ -341,6 +348,50 @@ def test_custom_wordpiece(tmp_path: Path) -> None:
     _, test = load(out / "reviews-bin/label/test")  # custom test files keep their labels
     assert len(test) == 3
     assert not (out / "reviews-bin/input1").exists()
+
+    # the tokenizer travels with the data: the folder moved, the vocabulary gone
+    meta = json.loads((out / "reviews-bin" / binarize.META_FILE).read_text())
+    assert meta["tokenizer"]["vocab"] == "tokenizer/vocab.txt"
+    moved = tmp_path / "elsewhere" / "reviews-bin"
+    moved.parent.mkdir()
+    (out / "reviews-bin").rename(moved)
+    (tmp_path / "vocab.txt").unlink()
+    tokenizer = binarize.meta_tokenizer(moved)
+    assert tokenizer.tokenize("The movie was great!") == ["the", "movie", "was", "great", "!"]
+    # an older meta file with an absolute path that no longer exists: the copy is used
+    meta["tokenizer"]["vocab"] = str(tmp_path / "vocab.txt")
+    (moved / binarize.META_FILE).write_text(json.dumps(meta))
+    assert binarize.meta_tokenizer_config(moved).vocab == str(moved / "tokenizer/vocab.txt")
+    (moved / "tokenizer/vocab.txt").unlink()
+    with pytest.raises(tasks.DataError, match="tokenizer file .*vocab.txt .* not found"):
+        binarize.meta_tokenizer(moved)
+
+
+def test_srcdict_of_another_vocabulary_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A --srcdict that does not belong to the tokenizer: most tokens would be <unk>."""
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokens = ["the", "movie", "was", "great", "bad", "!", "plot", "##s", "good", "."]
+    (tmp_path / "vocab.txt").write_text("\n".join(specials + tokens) + "\n")
+    (tmp_path / "other.txt").write_text("".join(f"{t} 1\n" for t in ["the", "was", "x", "y"]))
+    lines = ["text\tlabel"] + [f"The movie was great!\t{i % 2}" for i in range(6)]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    argv = ["--task", "custom", "--train", tmp_path / "train.tsv",
+            "--valid", tmp_path / "train.tsv", "--text-columns", "1",
+            "--label-column", "2", "--header", "--out-dir", tmp_path / "out",
+            "--tokenizer", "wordpiece", "--vocab", tmp_path / "vocab.txt",
+            "--workers", "1"]  # fmt: skip
+    with caplog.at_level(logging.ERROR, logger="prepare_glue"):
+        assert run_main(argv + ["--srcdict", tmp_path / "other.txt"]) == 1
+    # 3 of the 5 tokens of every line (movie, great, !) are not in other.txt
+    assert "custom: 60.0% of the train tokens (18 of 30) are not in --srcdict" in caplog.text
+    assert "(--tokenizer wordpiece --vocab)" in caplog.text
+    assert "Use the dict.txt that matches the tokenizer" in caplog.text
+    assert not (tmp_path / "out/custom-bin/input0/train.bin").exists()
+    # the matching dictionary passes
+    (tmp_path / "dict.txt").write_text("".join(f"{t} 1\n" for t in tokens))
+    assert run_main(argv + ["--srcdict", tmp_path / "dict.txt"]) == 0
 
 
 def test_wordpiece_special_tokens_and_lowercase(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from acl_fairseq.cli.prepare.tasks import DataError, SplitData, TaskSpec
+from acl_fairseq.cli.prepare.tokenizer_files import relative_to, resolve_tokenizer, store_tokenizer
 from acl_fairseq.cli.prepare.tokenizers import (
     Tokenizer,
     TokenizerConfig,
@@ -23,6 +24,7 @@ from acl_fairseq.cli.prepare.tokenizers import (
     tokenize_texts,
     train_sentencepiece,
 )
+from acl_fairseq.cli.prepare.vocab_check import check_srcdict_coverage
 
 logger = logging.getLogger("prepare_glue")
 
@@ -136,9 +138,7 @@ def _prepare_task(
         )
         config = TokenizerConfig("sentencepiece", spm_model=str(model))
         logger.info("%s: trained sentencepiece model %s", task.name, model)
-    elif config.kind == "sentencepiece":
-        assert config.spm_model is not None
-        shutil.copyfile(config.spm_model, bin_dir / "sentencepiece.model")
+    recorded = store_tokenizer(config, bin_dir)
 
     columns = [column for split in splits for column in split.texts]
     lines, lengths = tokenize_texts(config, columns, opts.workers, desc=f"{task.name} tokenize")
@@ -175,6 +175,9 @@ def _prepare_task(
         size = sentencepiece_dictionary(Path(config.spm_model), train_lines, srcdict)
         logger.info("%s: shared input dictionary with %d entries", task.name, size)
     assert srcdict is not None
+    if opts.srcdict is not None:
+        train_lines = (line for i in range(task.num_inputs) for line in lines[i])
+        check_srcdict_coverage(task.name, train_lines, opts.srcdict, config)
 
     common = ["--only-source", "--workers", str(max(1, opts.workers))]
     for i in range(task.num_inputs):
@@ -197,13 +200,15 @@ def _prepare_task(
     train_labels = sorted(set(splits[0].labels or []))
     meta = {
         "task": task.name,
-        "tokenizer": asdict(config),
+        "paths": "tokenizer paths are relative to this folder; splits.*.file (the input "
+        "file at preparation, relative to this folder) is informational",
+        "tokenizer": asdict(recorded),
         "num_inputs": task.num_inputs,
         "regression": task.regression,
         "num_classes": 1 if task.regression else len(train_labels),
         "labels": None if task.regression else train_labels,
         "label_divisor": task.label_divisor if task.regression else None,
-        "splits": {s.name: {"file": str(s.path), "rows": len(s)} for s in splits},
+        "splits": {s.name: {"file": relative_to(s.path, bin_dir), "rows": len(s)} for s in splits},
         "skipped_bad_rows": skipped,
         "too_long": too_long,
         "max_tokens": opts.max_tokens,
@@ -225,21 +230,20 @@ def write_meta(bin_dir: Path, meta: dict[str, Any]) -> Path:
 
 
 def read_meta(data_dir: str | Path) -> dict[str, Any]:
-    """The ``prepare_glue.json`` of a prepared ``TASK-bin`` folder."""
+    """The ``prepare_glue.json`` of a prepared ``TASK-bin`` folder, with the tokenizer's file
+    paths resolved (relative ones against ``data_dir``, see :func:`resolve_tokenizer`)."""
     path = Path(data_dir) / META_FILE
     if not path.is_file():
         raise DataError(f"{path} not found: was {data_dir} written by acl-fairseq-prepare?")
-    return json.loads(path.read_text(encoding="utf-8"))
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    config = resolve_tokenizer(TokenizerConfig(**meta["tokenizer"]), data_dir)
+    return {**meta, "tokenizer": asdict(config)}
 
 
 def meta_tokenizer_config(data_dir: str | Path) -> TokenizerConfig:
-    """The tokenizer recorded at preparation; a sentencepiece model saved in the folder
-    (``TASK-bin/sentencepiece.model``) is used from there."""
-    config = TokenizerConfig(**read_meta(data_dir)["tokenizer"])
-    local = Path(data_dir) / "sentencepiece.model"
-    if config.kind == "sentencepiece" and local.is_file():
-        config = TokenizerConfig("sentencepiece", spm_model=str(local))
-    return config
+    """The tokenizer recorded at preparation, its files in the folder (``sentencepiece.model``,
+    ``tokenizer/...``); older absolute paths are still accepted."""
+    return TokenizerConfig(**read_meta(data_dir)["tokenizer"])
 
 
 def meta_tokenizer(data_dir: str | Path) -> Tokenizer:
