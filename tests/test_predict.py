@@ -207,3 +207,25 @@ def test_single_exit_checkpoint_full_depth_only(trained) -> None:
     assert [line.split("\t")[2] for line in out.splitlines()] == ["2", "2"]
     code, _, err = run_predict(ckpt, "--policy", "entropy:0.3", stdin="x")
     assert code == 2 and "one exit, so only full depth is possible: drop --policy" in err
+
+
+def test_hub_encodes_raw_text_like_the_command(trained) -> None:
+    """from_pretrained without bpe= gets the recorded tokenizer: same ids and predictions."""
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+
+    ckpt = trained["ckpt"]
+    hub = MultiExitRobertaModel.from_pretrained(
+        str(ckpt.parent), ckpt.name, data_name_or_path=str(trained["data"])
+    )
+    model, task = load_checkpoint(ckpt, trained["data"])
+    encoder = ExampleEncoder.from_task(task, trained["data"], 64)
+    texts = [row[0] for row in trained["rows"][:6]]
+    for i, text in enumerate(texts):
+        assert hub.encode(text).tolist() == encoder.encode(InputRow(i, (text,))).tolist()
+    assert hub.bpe.decode(hub.bpe.encode(texts[0])) == texts[0]
+    _, out, _ = run_predict(ckpt, "--policy", "entropy:0.68", stdin="\n".join(texts))
+    labels = task.label_dictionary
+    for text, line in zip(texts, out.splitlines()):
+        result = hub.predict_early_exit(predict.DEFAULT_HEAD, hub.encode(text), "entropy:0.68")
+        label = labels[int(result.predictions[0]) + labels.nspecial]
+        assert f"{label}\t{int(result.exit_layers[0])}" == "\t".join(line.split("\t")[::2])

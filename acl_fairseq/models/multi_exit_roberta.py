@@ -191,12 +191,29 @@ class MultiExitRobertaModel(RobertaModel):
         model_name_or_path: str,
         checkpoint_file: str = "model.pt",
         data_name_or_path: str = ".",
-        bpe: str | None = "gpt2",
+        bpe: str | None = "recorded",
         **kwargs: Any,
     ) -> MultiExitRobertaHubInterface:
-        """Load a multi-exit checkpoint (trained with a ``multi_exit_roberta*`` arch)."""
+        """Load a multi-exit checkpoint (trained with a ``multi_exit_roberta*`` arch).
+
+        ``bpe="recorded"`` (the default): a data folder written by ``acl-fairseq-prepare``
+        (``prepare_glue.json``) gives its tokenizer, so ``hub.encode(text)`` encodes as the
+        training data; other folders get fairseq's ``gpt2``. Any other value goes to fairseq.
+        """
+        import os
+
         from fairseq import hub_utils
 
+        recorded = None
+        if bpe == "recorded":
+            data = data_name_or_path
+            if data.startswith("."):  # as hub_utils resolves it
+                data = os.path.join(model_name_or_path, data)
+            if os.path.isfile(os.path.join(data, "prepare_glue.json")):
+                from acl_fairseq.cli.prepare.recorded_bpe import recorded_bpe
+
+                recorded = recorded_bpe(data)
+            bpe = None if recorded is not None else "gpt2"
         x = hub_utils.from_pretrained(
             model_name_or_path,
             checkpoint_file,
@@ -212,7 +229,10 @@ class MultiExitRobertaModel(RobertaModel):
                 f"{model_name_or_path}/{checkpoint_file} holds a {type(model).__name__}, not a "
                 "multi_exit_roberta model"
             )
-        return MultiExitRobertaHubInterface(x["args"], x["task"], model)
+        hub = MultiExitRobertaHubInterface(x["args"], x["task"], model)
+        if recorded is not None:
+            hub.bpe = recorded
+        return hub
 
     # ------------------------------------------------------------------ heads
 
