@@ -163,6 +163,61 @@ def test_simulate_exits() -> None:
     assert layers.tolist() == [3, 6, 3] and preds.tolist() == [1, 1, 1]
 
 
+def _data_dir(root: Path, splits: tuple[str, ...] = ("valid",)) -> Path:
+    """A folder with the layout the flag checks look at (no real data)."""
+    (root / "input0").mkdir(parents=True)
+    for split in splits:
+        (root / "input0" / f"{split}.idx").write_bytes(b"")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("policy", "thresholds", "message"),
+    [
+        ("maxprob", "0.9,1.5", "--thresholds: 1.5 is not a valid maxprob threshold: each must be "
+         "a number in [0, 1] (--policy maxprob)"),
+        ("entropy", "0.3,-0.1", "--thresholds: -0.1 is not a valid entropy threshold: each must "
+         "be a number >= 0 (nats; inf always exits)"),
+        ("patience", "1,1.5", "--thresholds: 1.5 is not a valid patience threshold: each must be "
+         "an integer >= 0"),
+        ("patience", "2,inf", "--thresholds: inf is not a valid patience threshold"),
+        ("patience", "-1", "--thresholds: -1 is not a valid patience threshold"),
+    ],
+)  # fmt: skip
+def test_bad_thresholds_stop_before_loading(tmp_path, capsys, policy, thresholds, message):
+    data = _data_dir(tmp_path / "data")
+    argv = ["no-such-checkpoint.pt", str(data), "--policy", policy, "--thresholds", thresholds]
+    with pytest.raises(SystemExit) as exc:
+        ees.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_split_and_checkpoint_name_the_sweeps_flags(tmp_path, capsys) -> None:
+    data = _data_dir(tmp_path / "data", ("valid", "test"))
+    with pytest.raises(SystemExit):
+        ees.main(["ckpt.pt", str(data), "--split", "dev"])
+    err = capsys.readouterr().err
+    assert f"--split dev: {data}/input0/dev.bin/.idx not found (splits there: test, valid); " in err
+    assert "pick one with --split" in err and "--valid-subset" not in err
+    with pytest.raises(SystemExit):
+        ees.main(["ckpt.pt", str(tmp_path / "nowhere")])
+    assert "no input0/ folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ees.main(["ckpt.pt", str(data), "--policy", "maxprob", "--thresholds", "0,1"])
+    assert "--checkpoint ckpt.pt: no such file" in capsys.readouterr().err
+
+
+def test_sweep_reports_progress_per_configuration(one_thread) -> None:
+    batches, _ = _fake_batches()
+    lines: list[str] = []
+    ees.sweep(FakeMultiExit(), batches, "entropy", [0.0, 0.5], repeats=2, progress=lines.append)
+    assert len(lines) == 1 + 2 + 2  # full depth, each threshold, each timed round
+    assert lines[0].startswith("batch ") and "full depth: accuracy" in lines[0]
+    assert "entropy 0.5 (2/2): accuracy" in lines[2] and "mean exit layer" in lines[2]
+    assert "timed round 2/2 [" in lines[4]
+
+
 # ----------------------------------------------------------------------------- end to end
 
 TRAIN = [

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 import acl_fairseq  # noqa: F401  (registers the plugin; safe checkpoint loading)
+from acl_fairseq.cli.sweep_checks import check_split, check_thresholds
 from acl_fairseq.cli.sweep_table import (
     COLUMNS,
     format_layer_scores,
@@ -260,6 +261,7 @@ def sweep(
     head: str = DEFAULT_HEAD,
     repeats: int = 3,
     batch_size: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Accuracy, exit layers and speed of ``early_exit`` at every threshold, on ``batches``.
 
@@ -271,6 +273,7 @@ def sweep(
         thresholds: one table row each.
         repeats: timed rounds (after one untimed warm-up pass per configuration).
         batch_size: label of the rows (default: the size of the first batch).
+        progress: called with one line per configuration and per timed round.
     Returns:
         one dict per row (keys ``COLUMNS``): first the full model (``policy="none"``), then one
         per threshold in the given order. ``accuracy`` is in percent, ``full_ms`` / ``early_ms``
@@ -284,6 +287,11 @@ def sweep(
     examples = sum(int(target.numel()) for _, target in batches)
     batch_size = batch_size or int(batches[0][0].size(0))
     targets = [target for _, target in batches]
+    start = time.perf_counter()
+
+    def report(message: str) -> None:
+        if progress is not None:
+            progress(f"batch {batch_size}: {message} [{time.perf_counter() - start:.0f} s]")
 
     def full() -> Any:
         return _full_pass(model, batches, head)
@@ -294,8 +302,9 @@ def sweep(
     with torch.no_grad():
         # warm-up: also the statistics (predictions do not depend on timing)
         full_correct = sum(int(p.eq(t).sum()) for p, t in zip(full(), targets))
+        report(f"full depth: accuracy {100.0 * full_correct / examples:.1f}%")
         stats = []
-        for policy in policies:
+        for number, (threshold, policy) in enumerate(zip(thresholds, policies), start=1):
             results = runner(policy)()
             correct = sum(int(r.predictions.eq(t).sum()) for r, t in zip(results, targets))
             layers = torch.cat([r.exit_layers for r in results]).cpu()
@@ -304,6 +313,10 @@ def sweep(
                 for layer, n in zip(*torch.unique(layers, return_counts=True))
             }
             stats.append((correct, float(layers.float().mean()), share))
+            report(
+                f"{policy_kind} {threshold:g} ({number}/{len(policies)}): accuracy "
+                f"{100.0 * correct / examples:.1f}%, mean exit layer {stats[-1][1]:.2f}"
+            )
 
         # timed rounds, full forward and thresholds interleaved, order alternating
         jobs = [full] + [runner(p) for p in policies]
@@ -312,6 +325,7 @@ def sweep(
             order = range(len(jobs)) if round_idx % 2 == 0 else reversed(range(len(jobs)))
             for j in order:
                 times[j].append(_timed(jobs[j], device))
+            report(f"timed round {round_idx + 1}/{repeats}")
 
     def per_example_ms(seconds: list[float]) -> float:
         return 1000.0 * statistics.median(seconds) / examples
@@ -410,6 +424,10 @@ def _machine(device: torch.device) -> str:
     return f"CPU, {torch.get_num_threads()} threads"
 
 
+def _progress(message: str) -> None:
+    print(f"[acl-fairseq-sweep] {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -420,6 +438,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (positional or option):
             parser.error(f"{name.upper()} is required (positional or --{name})")
         setattr(args, name, positional or option)
+    try:
+        if args.thresholds is not None:
+            check_thresholds(args.policy, args.thresholds)
+        check_split(args.data, args.split)
+    except ValueError as e:
+        parser.error(str(e))
+    if not Path(args.checkpoint).is_file():
+        parser.error(f"--checkpoint {args.checkpoint}: no such file")
     use_cuda = torch.cuda.is_available() and not args.cpu
     device = torch.device("cuda" if use_cuda else "cpu")
     model, task = load_checkpoint(args.checkpoint, args.data, device)
@@ -440,7 +466,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if scores is None:
             scores = layer_scores(model, batches, head)
         rows += sweep(
-            model, batches, args.policy, thresholds, head, args.repeats, batch_size=batch_size
+            model,
+            batches,
+            args.policy,
+            thresholds,
+            head,
+            args.repeats,
+            batch_size=batch_size,
+            progress=_progress,
         )
 
     print(
