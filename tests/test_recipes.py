@@ -337,7 +337,7 @@ def test_help():
 def test_hydra_config_matches_recipe(task):
     name, num_classes, lr, bsz, updates, warmup, metric = TASKS[task]
     cfg = OmegaConf.to_container(OmegaConf.load(CONFIGS / f"{name}.yaml"))  # as hydra reads it
-    assert cfg["task"]["_name"] == "sentence_prediction"
+    assert cfg["task"]["_name"] == "acl_sentence_prediction"
     assert cfg["criterion"]["_name"] == "sentence_prediction"
     assert cfg["model"]["_name"] == "roberta"
     assert cfg["task"]["num_classes"] == num_classes
@@ -365,20 +365,17 @@ def test_hydra_config_matches_recipe(task):
 README_OVERRIDES = {
     "ce": [],
     "ce_scl": [
-        "task._name=acl_sentence_prediction",
         "criterion._name=ce_scl",
         "++criterion.acl_grad=true",
         "++criterion.temperature=0.1",
     ],
     "acl": [
-        "task._name=acl_sentence_prediction",
         "criterion._name=acl_embed",
         "++criterion.contrastive_lambda=0.3",
         "++criterion.acl_grad_threshold=80",
         "++task.acl_grad_log=angles.tsv",
     ],
     "multi_exit_joint": [
-        "task._name=acl_sentence_prediction",
         "criterion._name=multi_exit_ce",
         "model._name=multi_exit_roberta",
         "++criterion.exit_weighting=uniform",
@@ -386,7 +383,6 @@ README_OVERRIDES = {
         "++model.exit_pooling=mean",
     ],
     "acl_cl": [
-        "task._name=acl_sentence_prediction",
         "criterion._name=acl_cross_layer",
         "model._name=multi_exit_roberta",
         "++criterion.cross_layer_lambda=0.2",
@@ -453,14 +449,12 @@ HYDRA_TINY = [
 ]
 # the method overrides, exactly as configs/README.md lists them
 HYDRA_METHOD = {
-    "acl": ["task._name=acl_sentence_prediction", "criterion._name=acl_embed"],
+    "acl": ["criterion._name=acl_embed"],
     "multi_exit_joint": [
-        "task._name=acl_sentence_prediction",
         "criterion._name=multi_exit_ce",
         "model._name=multi_exit_roberta",
     ],
     "acl_cl_stage2": [
-        "task._name=acl_sentence_prediction",
         "criterion._name=acl_cross_layer",
         "model._name=multi_exit_roberta",
     ],
