@@ -229,3 +229,20 @@ def test_hub_encodes_raw_text_like_the_command(trained) -> None:
         result = hub.predict_early_exit(predict.DEFAULT_HEAD, hub.encode(text), "entropy:0.68")
         label = labels[int(result.predictions[0]) + labels.nspecial]
         assert f"{label}\t{int(result.exit_layers[0])}" == "\t".join(line.split("\t")[::2])
+
+
+def test_demo_last_step_classifies_example_sentences(trained) -> None:
+    """The demo's last step: acl-fairseq-predict in its own process, one line per sentence."""
+    from acl_fairseq.cli import demo
+
+    cmd = demo.predict_command(trained["ckpt"], trained["data"])
+    assert cmd[1:4] == ["-m", "acl_fairseq.cli.predict", "--path"]
+    assert cmd[cmd.index("--policy") + 1] == demo.PREDICT_POLICY
+    text = demo.classify_examples(trained["ckpt"], trained["data"])
+    lines = text.splitlines()
+    assert len(lines) == len(demo.EXAMPLE_SENTENCES) + 1, text
+    for line, sentence in zip(lines, demo.EXAMPLE_SENTENCES):
+        label, prob, layer, shown = line.split("\t")
+        assert label in ("pos", "neg") and 0.5 <= float(prob) <= 1.0
+        assert layer in {f"exit {n}" for n in range(1, 5)} and shown == sentence
+    assert lines[-1].startswith("acl-fairseq-predict: 5 sentences, ")

