@@ -153,6 +153,7 @@ def test_train_commands(tmp_path):
 
     ce = cmd("ce")
     assert _flag(ce, "--criterion") == "sentence_prediction"
+    assert _flag(ce, "--task") == "acl_sentence_prediction"  # the plugin's input checks run
     assert _flag(ce, "--arch") == "multi_exit_roberta" and _flag(ce, "--exit-layers") == "none"
     assert _flag(ce, "--restore-file") == str(tmp_path / "model.pt")
     assert _flag(ce, "--seed") == "3" and _flag(ce, "--total-num-update") == "7"
