@@ -17,6 +17,29 @@ TINY_ROBERTA = (
     "--encoder-attention-heads 2 --max-positions 64"
 ).split()
 
+TINY_MULTI_EXIT = ["--arch", "multi_exit_roberta_tiny", "--max-positions", "64"]
+
+
+def train_args(
+    arch: list[str] = TINY_ROBERTA,
+    task: str | None = "acl_sentence_prediction",
+    batch_size: int = 16,
+    lr: str = "1e-3",
+    seed: int = 1,
+    **flags: object,
+) -> list[str]:
+    """The fairseq-train flags of a tiny test run: ``arch``, ``--task`` (unless None), Adam at
+    ``lr``, ``--batch-size``, ``--seed``; every keyword becomes a flag (``max_update=2`` ->
+    ``--max-update 2``, ``no_save=True`` -> ``--no-save``)."""
+    args = [*arch, *(["--task", task] if task else [])]
+    args += ["--batch-size", str(batch_size), "--optimizer", "adam", "--lr", lr]
+    args += ["--seed", str(seed)]
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")
+        args += [flag] if value is True else [flag, str(value)]
+    return args
+
+
 POSITIVE = [f"good{i}" for i in range(12)]
 NEGATIVE = [f"bad{i}" for i in range(12)]
 NEUTRAL = [f"w{i}" for i in range(40)]

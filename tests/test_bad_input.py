@@ -26,42 +26,10 @@ from acl_fairseq.tasks.acl_sentence_prediction import (
     AclSentencePredictionTask,
 )
 
-from fairseq_helpers import TINY_ROBERTA, fairseq_train
+from fairseq_helpers import TINY_MULTI_EXIT, fairseq_train, train_args
 
-TRAIN = [
-    *TINY_ROBERTA,
-    "--task",
-    "acl_sentence_prediction",
-    "--criterion",
-    "acl_embed",
-    "--batch-size",
-    "8",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "1e-3",
-    "--max-update",
-    "2",
-    "--seed",
-    "1",
-    "--no-epoch-checkpoints",
-]
-MULTI_EXIT = [
-    "--arch",
-    "multi_exit_roberta_tiny",
-    "--max-positions",
-    "64",
-    "--task",
-    "acl_sentence_prediction",
-    "--batch-size",
-    "8",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "1e-3",
-    "--max-update",
-    "2",
-]
+TRAIN = train_args(criterion="acl_embed", batch_size=8, max_update=2, no_epoch_checkpoints=True)
+MULTI_EXIT = train_args(TINY_MULTI_EXIT, batch_size=8, max_update=2)
 
 
 def fails_with(data, save_dir, *args, message: str) -> str:

@@ -25,33 +25,22 @@ from fairseq_helpers import (
     fairseq_train_workers,
     json_records,
     rank_output,
+    train_args,
 )
 
 UPDATES = 6
-COMMON = [
-    "--task",
-    "acl_sentence_prediction",
-    "--batch-size",
-    "8",
-    "--required-batch-size-multiple",
-    "1",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "1e-3",
-    "--max-update",
-    str(UPDATES),
-    "--dropout",
-    "0",
-    "--attention-dropout",
-    "0",
-    "--pooler-dropout",
-    "0",
-    "--seed",
-    "3",
-    "--disable-validation",
-    "--no-epoch-checkpoints",
-]
+COMMON = train_args(
+    [],
+    batch_size=8,
+    seed=3,
+    required_batch_size_multiple=1,
+    max_update=UPDATES,
+    dropout=0,
+    attention_dropout=0,
+    pooler_dropout=0,
+    disable_validation=True,
+    no_epoch_checkpoints=True,
+)
 MULTI_EXIT = ["--arch", "multi_exit_roberta_tiny", "--encoder-layers", "3", "--max-positions", "64"]
 
 CASES = {

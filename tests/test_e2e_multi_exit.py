@@ -3,17 +3,20 @@
 import pytest
 import torch
 
-from fairseq_helpers import fairseq_train, fairseq_validate, json_records
+from fairseq_helpers import fairseq_train, fairseq_validate, json_records, train_args
 
 TINY = [
     "--encoder-layers", "3", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
     "--encoder-attention-heads", "2", "--max-positions", "64",
 ]  # fmt: skip
-COMMON = [
-    "--task", "acl_sentence_prediction", "--batch-size", "16", "--optimizer", "adam",
-    "--lr", "1e-3", "--no-epoch-checkpoints", "--best-checkpoint-metric", "accuracy",
-    "--maximize-best-checkpoint-metric", "--seed", "2", "--exit-pooling", "mean",
-]  # fmt: skip
+COMMON = train_args(
+    [],
+    seed=2,
+    no_epoch_checkpoints=True,
+    best_checkpoint_metric="accuracy",
+    maximize_best_checkpoint_metric=True,
+    exit_pooling="mean",
+)
 
 
 @pytest.mark.slow

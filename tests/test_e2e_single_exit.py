@@ -4,27 +4,19 @@ import importlib
 
 import pytest
 
-from fairseq_helpers import TINY_ROBERTA, fairseq_train, fairseq_validate, json_records
+from fairseq_helpers import (
+    fairseq_train,
+    fairseq_validate,
+    json_records,
+    train_args,
+)
 
-TRAIN = [
-    *TINY_ROBERTA,
-    "--task",
-    "acl_sentence_prediction",
-    "--batch-size",
-    "16",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "1e-3",
-    "--max-epoch",
-    "4",
-    "--no-epoch-checkpoints",
-    "--best-checkpoint-metric",
-    "accuracy",
-    "--maximize-best-checkpoint-metric",
-    "--seed",
-    "1",
-]
+TRAIN = train_args(
+    max_epoch=4,
+    no_epoch_checkpoints=True,
+    best_checkpoint_metric="accuracy",
+    maximize_best_checkpoint_metric=True,
+)
 
 
 def records(out, kind):

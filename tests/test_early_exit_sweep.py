@@ -15,7 +15,7 @@ from acl_fairseq.cli import sweep as ees
 from acl_fairseq.exit_policies import ExitPolicy
 from acl_fairseq.models.multi_exit_roberta import EarlyExitResult
 
-from fairseq_helpers import BIN, fairseq_train, run
+from fairseq_helpers import BIN, TINY_MULTI_EXIT, fairseq_train, run, train_args
 
 HEAD = "sentence_classification_head"
 
@@ -220,12 +220,9 @@ def test_sweep_reports_progress_per_configuration(one_thread) -> None:
 
 # ----------------------------------------------------------------------------- end to end
 
-TRAIN = [
-    "--arch", "multi_exit_roberta_tiny", "--max-positions", "64",
-    "--criterion", "multi_exit_ce", "--task", "acl_sentence_prediction",
-    "--batch-size", "16", "--optimizer", "adam", "--lr", "1e-3", "--max-update", "24",
-    "--no-epoch-checkpoints", "--seed", "1",
-]  # fmt: skip
+TRAIN = train_args(
+    TINY_MULTI_EXIT, criterion="multi_exit_ce", max_update=24, no_epoch_checkpoints=True
+)
 
 
 def _read(path: Path, delimiter: str = "\t") -> list[dict[str, str]]:

@@ -24,7 +24,7 @@ from fairseq.trainer import Trainer
 import acl_fairseq  # noqa: F401  (registers the task, criterions and models)
 from acl_fairseq.losses import acl_embed_loss, cross_layer_loss, supervised_contrastive_loss
 
-from fairseq_helpers import TINY_ROBERTA, fairseq_train, json_records
+from fairseq_helpers import fairseq_train, json_records, train_args
 
 NUM_CLASSES = 3
 VOCAB = 30
@@ -241,25 +241,10 @@ def test_fp16_overflow_skips_the_update_and_the_next_one_is_clean(
 # ------------------------------------------------------------------------- determinism
 @pytest.mark.slow
 def test_same_seed_gives_the_same_losses(sentiment_data, tmp_path):
-    args = [
-        *TINY_ROBERTA,
-        "--task",
-        "acl_sentence_prediction",
-        "--criterion",
-        "acl_embed",
-        "--batch-size",
-        "16",
-        "--optimizer",
-        "adam",
-        "--lr",
-        "1e-3",
-        "--max-update",
-        "8",
-        "--seed",
-        "7",
-        "--disable-validation",
-        "--no-save",
-    ]  # fmt: skip  (dropout on: the trainer re-seeds every update)
+    # dropout on: the trainer re-seeds every update
+    args = train_args(
+        criterion="acl_embed", max_update=8, seed=7, disable_validation=True, no_save=True
+    )
     runs = [fairseq_train(sentiment_data, tmp_path / str(i), *args) for i in range(2)]
     timing = {"wps", "ups", "wall", "train_wall"}
     records = [

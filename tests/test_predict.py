@@ -15,19 +15,19 @@ from acl_fairseq.cli.predict_examples import ExampleEncoder, InputRow, PredictEr
 from acl_fairseq.cli.prepare import cli as prepare_cli
 from acl_fairseq.cli.sweep import load_batches, load_checkpoint
 
-from fairseq_helpers import NEGATIVE, NEUTRAL, POSITIVE, TINY_ROBERTA, fairseq_train
+from fairseq_helpers import (
+    NEGATIVE,
+    NEUTRAL,
+    POSITIVE,
+    TINY_MULTI_EXIT,
+    fairseq_train,
+    train_args,
+)
 
-MULTI_EXIT = [
-    "--arch", "multi_exit_roberta_tiny", "--max-positions", "64",
-    "--criterion", "multi_exit_ce", "--task", "acl_sentence_prediction",
-    "--batch-size", "16", "--optimizer", "adam", "--lr", "1e-3", "--max-update", "12",
-    "--no-epoch-checkpoints", "--seed", "1",
-]  # fmt: skip
-PLAIN = [
-    *TINY_ROBERTA, "--criterion", "sentence_prediction", "--task", "acl_sentence_prediction",
-    "--batch-size", "16", "--optimizer", "adam", "--lr", "1e-3", "--max-update", "1",
-    "--no-epoch-checkpoints", "--seed", "1",
-]  # fmt: skip
+MULTI_EXIT = train_args(
+    TINY_MULTI_EXIT, criterion="multi_exit_ce", max_update=12, no_epoch_checkpoints=True
+)
+PLAIN = train_args(criterion="sentence_prediction", max_update=1, no_epoch_checkpoints=True)
 
 
 def write_tsv(path: Path, n: int, seed: int, pair: bool = False) -> list[list[str]]:

@@ -17,7 +17,7 @@ import shutil
 import pytest
 import torch
 
-from fairseq_helpers import TINY_ROBERTA, fairseq_train, json_records
+from fairseq_helpers import TINY_ROBERTA, fairseq_train, json_records, train_args
 
 N, M = 5, 10
 MULTI_EXIT = ["--arch", "multi_exit_roberta_tiny", "--encoder-layers", "3", "--max-positions", "64"]
@@ -26,28 +26,16 @@ CASES = {
     "acl_embed": [*TINY_ROBERTA, "--criterion", "acl_embed", "--update-freq", "2"],
     "acl_cross_layer": [*MULTI_EXIT, "--criterion", "acl_cross_layer", "--batch-size", "32"],
 }
-BASE = [
-    "--task",
-    "acl_sentence_prediction",
-    "--batch-size",
-    "16",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "1e-3",
-    "--lr-scheduler",
-    "polynomial_decay",
-    "--total-num-update",
-    "40",
-    "--warmup-updates",
-    "3",
-    "--seed",
-    "2",
-    "--no-epoch-checkpoints",
-    "--best-checkpoint-metric",
-    "accuracy",
-    "--maximize-best-checkpoint-metric",
-]
+BASE = train_args(
+    [],
+    seed=2,
+    lr_scheduler="polynomial_decay",
+    total_num_update=40,
+    warmup_updates=3,
+    no_epoch_checkpoints=True,
+    best_checkpoint_metric="accuracy",
+    maximize_best_checkpoint_metric=True,
+)
 # everything a train_inner record holds that does not measure time
 TIMING = {"wps", "ups", "wall", "train_wall"}
 

@@ -24,28 +24,15 @@ from acl_fairseq.input_checks import check_split_files
 from fairseq_helpers import (
     BIN,
     REPO,
-    TINY_ROBERTA,
     fairseq_train,
     json_records,
     preprocess,
     run,
+    train_args,
     write_sentiment_split,
 )
 
-TRAIN = [
-    *TINY_ROBERTA,
-    "--batch-size",
-    "16",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "1e-3",
-    "--max-update",
-    "2",
-    "--seed",
-    "1",
-    "--no-epoch-checkpoints",
-]
+TRAIN = train_args(task=None, max_update=2, no_epoch_checkpoints=True)
 STOCK_CE = ["--task", "sentence_prediction", "--criterion", "sentence_prediction"]
 ACL_CE = ["--task", "acl_sentence_prediction", "--criterion", "sentence_prediction"]
 ACL = ["--task", "acl_sentence_prediction", "--criterion", "acl_embed"]
