@@ -28,30 +28,39 @@ the micro-batch's single ``optimizer.backward`` of ``CE + term`` or ``CE``. It d
 micro-batch rather than per update, and agrees with the exact decision only as far as the
 heads' gradients represent the encoder's (``benchmarks/acl_grad_agreement.py``). With the
 exact scope the log's fourth column gives that heads-only angle of the same update.
+``--acl-grad-scope top:K`` does the same on the heads plus the top K encoder layers
+(``acl_grad_scope.py``; ``top:0`` is ``head``): autograd walks only the graph above layer
+``L - K``, so K trades cost for agreement.
 
-The angle log (``--acl-grad-log FILE``) has one line per decision, tab-separated:
-``update``, ``angle`` (degrees, between the CE and contrastive gradients), ``kept`` (0/1) and
-``head_angle`` (degrees, the same angle on the classification heads' parameters alone).
+The angle log (``--acl-grad-log FILE``, one line per decision) is ``acl_grad_log.py``.
 """
 
 import argparse
 import contextlib
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
 
 import torch
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import FairseqDataclass
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import metrics
 from fairseq.optim.amp_optimizer import AMPOptimizer
 from torch import Tensor, nn
 
+from .acl_grad_log import AngleRecord, append_angle_record, read_angle_log
 from .acl_grad_math import ContrastiveGradientBuffer, Decision, decide, gradient_angle
+from .acl_grad_scope import (
+    check_k,
+    check_scope_fits,
+    encoder_layer_count,
+    is_head_param,
+    parse_log_top_k,
+    parse_scope,
+    scope_indices,
+)
 
 __all__ = [
-    "ACL_GRAD_SCOPE",
     "AclGrad",
     "AclGradConfig",
     "AclGradCriterion",
@@ -68,44 +77,7 @@ __all__ = [
 ]
 
 
-# ----------------------------------------------------------------------------- angle log
-class AngleRecord(NamedTuple):
-    """One ACL-Grad decision, as one line of the angle log."""
-
-    update: int
-    angle: float
-    kept: bool
-    head_angle: float
-
-    def to_line(self) -> str:
-        return f"{self.update}\t{self.angle:.4f}\t{int(self.kept)}\t{self.head_angle:.4f}\n"
-
-    @classmethod
-    def from_line(cls, line: str) -> "AngleRecord":
-        parts = line.rstrip("\n").split("\t")
-        if len(parts) < 3:
-            raise ValueError(f"not an ACL-Grad angle-log line: {line!r}")
-        head = float(parts[3]) if len(parts) > 3 else float("nan")
-        return cls(int(parts[0]), float(parts[1]), bool(int(parts[2])), head)
-
-
-def append_angle_record(path: str | Path, record: AngleRecord) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(record.to_line())
-
-
-def read_angle_log(path: str | Path) -> list[AngleRecord]:
-    """Every record of an angle log; an absent file has none."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [AngleRecord.from_line(line) for line in lines if line.strip()]
-
-
 # ----------------------------------------------------------------------------- flags
-ACL_GRAD_SCOPE = ChoiceEnum(["all", "head"])
-
 _SWITCH_HELP = (
     "ACL-Grad on (--acl-grad) or off (--no-acl-grad; in a hydra config acl_grad: false): "
     "drop the contrastive term of an update whose gradient conflicts with the CE gradient"
@@ -135,14 +107,15 @@ class AclGradConfig(FairseqDataclass):
             "degrees (0..180)"
         },
     )
-    acl_grad_scope: ACL_GRAD_SCOPE = field(  # type: ignore[valid-type]
+    acl_grad_scope: str = field(
         default="all",
         metadata={
             "help": "parameters the ACL-Grad angle is measured on. 'all': every trainable "
             "parameter, decided once per update on the exact gradients (a second backward "
             "pass, about 1.7-2x the cost of CE per update); 'head': only the classification "
             "heads' parameters, decided per micro-batch before its single backward pass (an "
-            "approximation, about the cost of CE)"
+            "approximation, about the cost of CE); 'top:K': the heads plus the top K encoder "
+            "layers, likewise per micro-batch (top:0 is head; cost grows with K)"
         },
     )
 
@@ -157,6 +130,14 @@ class AclGradLogConfig(FairseqDataclass):
             "help": "append one line per ACL-Grad decision (update, angle in degrees, kept 0/1, "
             "angle on the classification heads alone) to this TSV file (rank 0 only), e.g. for "
             "the angle histogram; a '{rank}' in the path writes one file per data-parallel worker"
+        },
+    )
+    acl_grad_log_top_k: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "with --acl-grad-scope all and --acl-grad-log: also log, per K of this comma "
+            "list (e.g. 1,2,3), the angle of the same update on the classification heads plus "
+            "the top K encoder layers (what --acl-grad-scope top:K would measure)"
         },
     )
 
@@ -180,11 +161,18 @@ class AclGradSettings:
     the criterion's validator, ``criterions.base.validate_criterion_config``)."""
 
     threshold: float  # degrees
-    scope: str  # "all" or "head"
+    scope: str  # "all", "head" or "top:K"
+
+    @property
+    def top_k(self) -> int | None:
+        """K of ``top:K`` (0 for ``head``); None for the exact scope ``all``."""
+        return parse_scope(self.scope)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "AclGradSettings | None":
-        """The settings of an :class:`AclGradConfig` (or its hydra node); None when off."""
+        """The settings of an :class:`AclGradConfig` (or its hydra node); None when off.
+        Raises ValueError naming ``--acl-grad-scope`` for a value of the wrong form."""
+        parse_scope(str(cfg.acl_grad_scope))  # the form, at set-up (even when off)
         if not cfg.acl_grad:
             return None
         return cls(threshold=float(cfg.acl_grad_threshold), scope=str(cfg.acl_grad_scope))
@@ -231,13 +219,22 @@ class AclGrad:
     belongs to one model: it is rebuilt when ``train_step`` sees another model or optimizer.
     """
 
-    def __init__(self, log_path: str | None = None):
+    def __init__(self, log_path: str | None = None, log_top_k: str | None = None):
         self.log_path = log_path
+        self.log_top_k = parse_log_top_k(log_top_k)  # --acl-grad-log-top-k
         self.settings: AclGradSettings | None = None
         self.update_num = 0
         self._buffer: ContrastiveGradientBuffer | None = None
         self._head_indices: list[int] = []  # positions of the heads' parameters in the buffer
+        self._top_indices: dict[int, list[int]] = {}  # K -> heads + top K layers, in the buffer
         self._optimizer: AclGradOptimizer | None = None
+        self._scope_params: tuple[Any, int, list[nn.Parameter]] | None = None  # model, K, params
+
+    def check_model(self, model: nn.Module, settings: AclGradSettings | None) -> None:
+        """At set-up: raises ValueError naming the flag when a K of ``--acl-grad-scope top:K``
+        or ``--acl-grad-log-top-k`` does not fit ``model``'s encoder layers."""
+        if settings is not None:
+            check_scope_fits(model, settings.scope, self.log_top_k)
 
     @property
     def holds_contrastive_gradient(self) -> bool:
@@ -265,8 +262,10 @@ class AclGrad:
         if ignore_grad:
             ce_loss = ce_loss * 0.0
             contrastive_loss = contrastive_loss * 0.0
-        if self.settings.scope == "head":
-            keep = self._decide_on_heads(model, optimizer, ce_loss, contrastive_loss)
+        top_k = self.settings.top_k
+        if top_k is not None:
+            params = self._params_of_scope(model, top_k)
+            keep = self._decide_on_subset(params, optimizer, ce_loss, contrastive_loss)
             optimizer.backward(ce_loss + contrastive_loss if keep else ce_loss)
         else:
             buffer = self._buffer_for(model, criterion, optimizer)
@@ -289,7 +288,12 @@ class AclGrad:
         if self._buffer is None or wrapper is None or not wrapper.wraps(optimizer, model):
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             self._buffer = ContrastiveGradientBuffer([p for _, p in named])
-            self._head_indices = [i for i, (n, _) in enumerate(named) if _is_head_param(n)]
+            names = [n for n, _ in named]
+            self._head_indices = [i for i, n in enumerate(names) if is_head_param(n)]
+            num_layers = encoder_layer_count(model)
+            self._top_indices = {
+                k: scope_indices(names, k, num_layers) for k in self.log_top_k if k <= num_layers
+            }
             self._optimizer = AclGradOptimizer.install(optimizer, self, model, criterion)
         return self._buffer
 
@@ -321,32 +325,51 @@ class AclGrad:
             buffer.all_reduce(mean_all_reduce)
         angle = _rank0_value(buffer.angle_to_grad(), buffer.params[0].device)
         decision = decide(angle, self.settings.threshold)
-        # the angle on the heads alone, as --acl-grad-scope head would measure it (logged only)
-        head_angle = buffer.angle_to_grad(self._head_indices)
+        path = self._log_file()
+        if path is not None and decision.finite:
+            # the angles --acl-grad-scope head and top:K would measure (logged only)
+            head_angle = buffer.angle_to_grad(self._head_indices)
+            top = tuple((k, buffer.angle_to_grad(i)) for k, i in self._top_indices.items())
         if decision.keep:
             buffer.add_to_grad()
         else:
             buffer.reset()
-        self._log(decision, head_angle)
+        self._log_metrics(decision)
+        if path is not None and decision.finite:
+            record = AngleRecord(self.update_num, decision.angle, decision.keep, head_angle, top)
+            append_angle_record(path, record)
         return decision
 
-    def _decide_on_heads(
-        self, model: nn.Module, optimizer: Any, ce_loss: Tensor, contrastive_loss: Tensor
-    ) -> bool:
-        """``--acl-grad-scope head``: decides on this micro-batch before its backward pass.
+    def _params_of_scope(self, model: nn.Module, k: int) -> list[nn.Parameter]:
+        """The trainable parameters of ``top:k`` (``head`` for 0), in model order; cached."""
+        cached = self._scope_params
+        if cached is not None and cached[0]() is model and cached[1] == k:
+            return cached[2]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        num_layers = encoder_layer_count(model)
+        check_k(k, num_layers, "--acl-grad-scope")
+        params = [named[i][1] for i in scope_indices([n for n, _ in named], k, num_layers)]
+        if not any(is_head_param(n) for n, _ in named):
+            raise ValueError(
+                f"--acl-grad-scope {self.settings.scope if self.settings else 'head'} measures "
+                "the angle on the classification heads, but the model has no trainable "
+                "'classification_heads' parameters; use --acl-grad-scope all"
+            )
+        self._scope_params = (weakref.ref(model), k, params)
+        return params
 
-        The CE and contrastive gradients of the classification heads' parameters only (a
-        backward pass through the heads, not the encoder), summed over the data-parallel
-        workers, so every worker decides alike. Returns whether to keep the contrastive term.
+    def _decide_on_subset(
+        self, params: list[nn.Parameter], optimizer: Any, ce_loss: Tensor, contrastive_loss: Tensor
+    ) -> bool:
+        """``--acl-grad-scope head`` / ``top:K``: decides on this micro-batch before its
+        backward pass.
+
+        The CE and contrastive gradients of ``params`` only (the heads, plus for ``top:K`` the
+        top K encoder layers: autograd walks the graph above them only), summed over the
+        data-parallel workers, so every worker decides alike. Returns whether to keep the
+        contrastive term.
         """
         assert self.settings is not None
-        params = [p for n, p in model.named_parameters() if p.requires_grad and _is_head_param(n)]
-        if not params:
-            raise ValueError(
-                "--acl-grad-scope head measures the angle on the classification heads, but "
-                "the model has no trainable 'classification_heads' parameters; use "
-                "--acl-grad-scope all"
-            )
         g_ce = _grads_or_zeros(_scale_like_optimizer(optimizer, ce_loss), params)
         g_con = _grads_or_zeros(_scale_like_optimizer(optimizer, contrastive_loss), params)
         if distributed_utils.get_data_parallel_world_size() > 1:
@@ -357,24 +380,28 @@ class AclGrad:
             g_ce, g_con = list(parts[: len(params)]), list(parts[len(params) :])
         angle = _rank0_value(gradient_angle(g_ce, g_con), params[0].device)
         decision = decide(angle, self.settings.threshold)
-        self._log(decision, angle)
+        self._log_metrics(decision)
+        path = self._log_file()
+        if path is not None and decision.finite:
+            append_angle_record(path, AngleRecord(self.update_num, angle, decision.keep, angle))
         return decision.keep
 
-    def _log(self, decision: Decision, head_angle: float) -> None:
-        """The ``acl_grad_angle`` / ``acl_grad_drop`` metrics and a line of the angle log."""
-        if not decision.finite:
-            return  # overflow or zero gradient: no statistic, the trainer handles overflow
-        metrics.log_scalar("acl_grad_angle", decision.angle, weight=1, round=1)
-        metrics.log_scalar("acl_grad_drop", 0.0 if decision.keep else 1.0, weight=1, round=3)
+    @staticmethod
+    def _log_metrics(decision: Decision) -> None:
+        """The ``acl_grad_angle`` / ``acl_grad_drop`` metrics of a finite decision (overflow or
+        a zero gradient: no statistic, the trainer handles overflow)."""
+        if decision.finite:
+            metrics.log_scalar("acl_grad_angle", decision.angle, weight=1, round=1)
+            metrics.log_scalar("acl_grad_drop", 0.0 if decision.keep else 1.0, weight=1, round=3)
+
+    def _log_file(self) -> str | None:
+        """The angle-log file this worker writes (``--acl-grad-log``); None: none."""
         path = self.log_path
         if not path:
-            return
+            return None
         if "{rank}" in path:
-            path = path.replace("{rank}", str(_data_parallel_rank()))
-        elif _data_parallel_rank() != 0:
-            return
-        record = AngleRecord(self.update_num, decision.angle, decision.keep, head_angle)
-        append_angle_record(path, record)
+            return path.replace("{rank}", str(_data_parallel_rank()))
+        return path if _data_parallel_rank() == 0 else None
 
 
 class AclGradOptimizer:
@@ -451,10 +478,6 @@ class AclGradOptimizer:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _is_head_param(name: str) -> bool:
-    return "classification_heads" in name.split(".")
-
-
 def _scale_like_optimizer(optimizer: Any, loss: Tensor) -> Tensor:
     """Scales ``loss`` as ``optimizer.backward`` would (fp16 / AMP loss scaling)."""
     scaler = getattr(optimizer, "scaler", None)

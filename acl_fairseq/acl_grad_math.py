@@ -47,21 +47,32 @@ class Decision:
     finite: bool
 
 
-def _dot_products(a: Sequence[Tensor], b: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+def _dot_products(a: Sequence[Tensor], b: Sequence[Tensor]) -> tuple[float, float, float]:
     """Returns <a,a>, <b,b>, <a,b> over two equally long lists of same-shaped tensors.
 
     Each tensor's dot product runs in (at least) float32 without copying; the sums over
-    tensors are accumulated in float64.
+    tensors are accumulated in float64, in list order, on the host: the per-tensor dot
+    products reach the host in one transfer (one device sync per angle).
     """
-    device = a[0].device if len(a) else torch.device("cpu")
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for x, y in zip(a, b, strict=True):
+    if len(a) != len(b):
+        raise ValueError(f"gradient lists differ in length: {len(a)} and {len(b)}")
+    if not a:
+        return 0.0, 0.0, 0.0
+    triples = []
+    for x, y in zip(a, b):
         x = x.detach().reshape(-1)
         y = y.detach().reshape(-1)
         if x.dtype not in (torch.float32, torch.float64):
             x, y = x.float(), y.float()
-        sums += torch.stack([x @ x, y @ y, x @ y]).double()
-    return sums[0], sums[1], sums[2]
+        triples.append(torch.stack([x @ x, y @ y, x @ y]))
+    if len({t.dtype for t in triples}) > 1 or len({t.device for t in triples}) > 1:
+        triples = [t.to("cpu", torch.float64) for t in triples]
+    aa = bb = ab = 0.0
+    for xx, yy, xy in torch.stack(triples).cpu().double().tolist():  # float64 sums, in order
+        aa += xx
+        bb += yy
+        ab += xy
+    return aa, bb, ab
 
 
 def gradient_angle(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
@@ -71,12 +82,12 @@ def gradient_angle(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
     either gradient (so to fp16 loss scaling).
     """
     aa, bb, ab = _dot_products(a, b)
-    if not (torch.isfinite(aa) and torch.isfinite(bb) and torch.isfinite(ab)):
+    if not (math.isfinite(aa) and math.isfinite(bb) and math.isfinite(ab)):
         return math.nan
-    if aa.item() == 0.0 or bb.item() == 0.0:
+    if aa == 0.0 or bb == 0.0:
         return math.nan
-    cos = (ab / (aa.sqrt() * bb.sqrt())).clamp(-1.0, 1.0)
-    return math.degrees(math.acos(cos.item()))
+    cos = min(max(ab / (math.sqrt(aa) * math.sqrt(bb)), -1.0), 1.0)
+    return math.degrees(math.acos(cos))
 
 
 def decide(angle: float, threshold: float) -> Decision:
@@ -134,9 +145,13 @@ class ContrastiveGradientBuffer:
             raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
         if self._flat is None:
             self._allocate()
-        for view, g in zip(self._views, grads):
-            if g is not None:
-                view.add_(g.to(view.dtype))
+        pairs = [
+            (v, g if g.dtype == v.dtype else g.to(v.dtype))
+            for v, g in zip(self._views, grads)
+            if g is not None
+        ]
+        if pairs:
+            torch._foreach_add_([v for v, _ in pairs], [g for _, g in pairs])
 
     def all_reduce(self, all_reduce: Callable[[Tensor], None]) -> None:
         """Reduces the buffer in place across data-parallel workers with ``all_reduce``,
@@ -165,9 +180,10 @@ class ContrastiveGradientBuffer:
         """``p.grad += contrastive gradient`` for every parameter, then empties the buffer."""
         if self._flat is None:
             return
+        with_grad = [(p.grad, v) for p, v in zip(self.params, self._views) if p.grad is not None]
+        if with_grad:
+            torch._foreach_add_([g for g, _ in with_grad], [v for _, v in with_grad])
         for p, view in zip(self.params, self._views):
             if p.grad is None:
                 p.grad = view.clone()
-            else:
-                p.grad.add_(view)
         self.reset()

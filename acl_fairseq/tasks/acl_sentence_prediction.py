@@ -12,7 +12,8 @@ for one split of a pair task, different example counts, empty or multi-token lab
 examples longer than ``--max-positions`` without ``--shorten-method`` (fairseq would drop them
 from training and stop at validation); a checkpoint of another vocabulary or architecture
 (``--restore-file``); and a criterion that cannot train the model just built (its
-``check_model``), each with a message that names the flag or file and the fix; the data
+``check_model``; a ``K`` of ``--acl-grad-scope top:K`` or ``--acl-grad-log-top-k`` beyond the
+encoder's layers), each with a message that names the flag or file and the fix; the data
 checks themselves live in ``acl_fairseq.input_checks``.
 """
 
@@ -45,7 +46,7 @@ class AclSentencePredictionTask(SentencePredictionTask):
 
     def __init__(self, cfg: AclSentencePredictionConfig, data_dictionary, label_dictionary):
         super().__init__(cfg, data_dictionary, label_dictionary)
-        self.acl_grad = AclGrad(log_path=cfg.acl_grad_log)
+        self.acl_grad = AclGrad(log_path=cfg.acl_grad_log, log_top_k=cfg.acl_grad_log_top_k)
         self._last_model: weakref.ref | None = None  # for build_criterion's check
 
     def train_step(
@@ -94,4 +95,5 @@ class AclSentencePredictionTask(SentencePredictionTask):
         model = self._last_model() if self._last_model is not None else None
         if model is not None and isinstance(criterion, AclGradCriterion):
             criterion.check_model(model)
+            self.acl_grad.check_model(model, criterion.acl_grad)
         return criterion
