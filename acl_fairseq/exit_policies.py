@@ -62,7 +62,7 @@ def softmax_entropy(logits: Tensor) -> Tensor:
     """
     log_p = torch.log_softmax(logits.float(), dim=-1)
     p = log_p.exp()
-    plogp = torch.where(p > 0, p * log_p, torch.zeros_like(p))
+    plogp = torch.where(p > 0, p * log_p, 0.0)
     return -plogp.sum(dim=-1)
 
 
@@ -77,6 +77,11 @@ class ExitPolicy(ABC):
     def init_state(self, batch_size: int, device: torch.device | str | None = None) -> PolicyState:
         """Initial per-row state for ``batch_size`` rows (empty for stateless policies)."""
         return {}
+
+    def never_exits(self, num_shallow_exits: int) -> bool:
+        """True when no row can leave at any of ``num_shallow_exits`` shallow exits, whatever
+        the logits (the loop then runs the plain full-depth forward)."""
+        return num_shallow_exits == 0
 
     @abstractmethod
     def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
@@ -107,6 +112,10 @@ class EntropyPolicy(ExitPolicy):
         if math.isnan(self.threshold) or self.threshold < 0:
             raise ValueError(f"entropy threshold must be >= 0, got {self.threshold}")
 
+    def never_exits(self, num_shallow_exits: int) -> bool:
+        """Entropy is ``>= 0``, so a threshold of 0 never lets a row out."""
+        return self.threshold == 0 or num_shallow_exits == 0
+
     def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
         _check_logits(logits)
         return softmax_entropy(logits) < self.threshold, state
@@ -127,6 +136,10 @@ class MaxProbPolicy(ExitPolicy):
             raise ValueError(f"maxprob threshold must be a number, got {self.threshold!r}")
         if math.isnan(self.threshold) or self.threshold < 0:
             raise ValueError(f"maxprob threshold must be >= 0, got {self.threshold}")
+
+    def never_exits(self, num_shallow_exits: int) -> bool:
+        """A softmax probability is ``<= 1``, so a threshold above 1 never lets a row out."""
+        return self.threshold > 1 or num_shallow_exits == 0
 
     def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
         _check_logits(logits)
@@ -151,6 +164,10 @@ class PatiencePolicy(ExitPolicy):
             raise ValueError(f"patience must be an integer, got {self.patience!r}")
         if self.patience < 0:
             raise ValueError(f"patience must be >= 0, got {self.patience}")
+
+    def never_exits(self, num_shallow_exits: int) -> bool:
+        """Patience ``t`` exits at the ``(t+1)``-th shallow exit at the earliest."""
+        return self.patience >= num_shallow_exits
 
     def init_state(self, batch_size: int, device: torch.device | str | None = None) -> PolicyState:
         return {

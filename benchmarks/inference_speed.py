@@ -13,6 +13,9 @@
    --data DATA`` (a trained multi-exit model) the threshold with the largest layer-count
    speed-up whose accuracy on the split is at most 1 point below the full model's is used.
    When the loop falls short of 85% of the ideal, a breakdown of where the time goes is printed.
+3. The loop's own cost at batch 1 and batch 32 (``early_exit_overhead.py``): the full-depth
+   overhead (no row leaves; goal <= 3%) and the fraction of the ideal at the thresholds of
+   part 2 (goals >= 90% at batch 1, >= 95% at batch 32). ``--single-rows N`` batch-1 examples.
 
 Everything runs in one process, eval mode, ``torch.no_grad``, the same thread count, with
 interleaved rounds (medians)::
@@ -43,6 +46,9 @@ import acl_fairseq  # noqa: F401  (registers the plugin)
 from acl_fairseq.cli import bert_state as cv
 from acl_fairseq.cli import sweep as ees
 from acl_fairseq.exit_policies import EntropyPolicy, softmax_entropy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from early_exit_overhead import loop_cost, single_rows  # noqa: E402
 
 HEAD = "sentence_classification_head"
 GOAL_THROUGHPUT_RATIO = 1.0
@@ -406,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--skip-throughput", action="store_true", help="skip the HF throughput comparison"
     )
+    p.add_argument("--single-rows", type=int, default=32, help="batch-1 examples in part 3")
     return p
 
 
@@ -529,6 +536,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n### Where the time goes (threshold of the lowest fraction)\n")
         for line in time_breakdown(model, batches[0][0], worst["threshold"], args.rounds):
             print(f"- {line}")
+
+    # ---- part 3: the loop's own cost, batch 1 and batch B
+    print(f"\n## 3. Cost of the early-exit loop, batch 1 and batch {args.batch}\n")
+    pad = model.encoder.sentence_encoder.padding_idx
+    by_size = {1: single_rows(batches, pad, args.single_rows), args.batch: batches}
+    for line in loop_cost(model, by_size, thresholds, HEAD, args.rounds):
+        print(line)
     return 0
 
 

@@ -249,6 +249,14 @@ def test_sweep_on_trained_checkpoint(
     )  # fmt: skip
     assert "| exit layer | 1 | 2 | 3 | 4 |" in out and "| batch | policy | threshold |" in out
     rows = _read(tmp_path / "sweep.tsv")
+    oracle = [r for r in rows if r["policy"].startswith("oracle")]
+    rows = [r for r in rows if r not in oracle]
+    assert [(r["policy"], r["wall_speedup"]) for r in oracle] == [
+        ("oracle-final", ""),
+        ("oracle-gold", ""),
+    ]
+    assert oracle[0]["accuracy"] == rows[0]["accuracy"]  # agrees with the final exit
+    assert float(oracle[1]["accuracy"]) >= float(rows[0]["accuracy"])
     assert [(r["batch_size"], r["policy"], r["threshold"]) for r in rows] == [
         (b, p, t)
         for b in ("1", "16")
@@ -278,7 +286,8 @@ def test_sweep_on_trained_checkpoint(
         ]
     ) == 0  # fmt: skip
     assert "| batch | policy | threshold |" in capsys.readouterr().out
-    full, never, first = _read(tmp_path / "patience.csv", ",")
+    full, never, first, *oracle = _read(tmp_path / "patience.csv", ",")
+    assert [r["policy"] for r in oracle] == ["oracle-final", "oracle-gold"]
     assert float(never["mean_exit_layer"]) == 4.0 and never["accuracy"] == full["accuracy"]
     assert float(first["mean_exit_layer"]) == 1.0 and float(first["layer_speedup"]) == 4.0
 
@@ -299,3 +308,129 @@ def test_sweep_on_trained_checkpoint(
             layers, preds = ees.simulate_exits(logits, policy)
             assert torch.equal(layers, result.exit_layers), (kind, layers, result.exit_layers)
             assert torch.equal(preds, result.predictions), kind
+
+
+# ----------------------------------------------------------------------------- whole curve
+
+
+def _constructed_exits(
+    n: int = 400, seed: int = 0
+) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
+    """Exits at layers 1, 2, 4 + final 6 on 3 classes, confidence growing with depth."""
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.randint(0, 3, (n,), generator=gen)
+    out = []
+    for depth, layer in enumerate((1, 2, 4, 6), start=1):
+        logits = torch.randn(n, 3, generator=gen)
+        logits[torch.arange(n), target] += depth * torch.rand(n, generator=gen) * 2
+        out.append((layer, logits))
+    return out, target
+
+
+@pytest.mark.parametrize("kind", ["entropy", "maxprob"])
+def test_quantile_thresholds_spread_the_mean_exit_layer(kind: str) -> None:
+    from acl_fairseq.exit_curve import quantile_thresholds
+
+    exits, _ = _constructed_exits()
+    thresholds = quantile_thresholds(exits, kind, 10)
+    assert len(thresholds) == 10 and len(set(thresholds)) == 10
+    means = [
+        float(ees.simulate_exits(exits, ees.make_policy(kind, t))[0].double().mean())
+        for t in thresholds
+    ]
+    assert all(a > b for a, b in zip(means, means[1:])), means  # monotone
+    assert means[-1] == 1.0 and means[0] > 5.0  # covers the range 6 -> 1
+    expected = [6 - 5 * i / 10 for i in range(1, 11)]  # L - q (L - l_1)
+    assert max(abs(m - e) for m, e in zip(means, expected)) < 0.05, means
+    with pytest.raises(ValueError, match="quantiles:N"):
+        quantile_thresholds(exits, kind, 0)
+
+
+def test_oracle_rows_equal_a_naive_loop() -> None:
+    from acl_fairseq.cli.sweep_curve import oracle_rows
+
+    exits, target = _constructed_exits(n=60, seed=3)
+    final = exits[-1][1].argmax(-1)
+    rows = oracle_rows(exits, target, batch_size=8)
+    assert [r["policy"] for r in rows] == ["oracle-final", "oracle-gold"]
+    for row, goal in zip(rows, (final, target)):
+        layers, correct = [], 0
+        for i in range(len(target)):
+            hit = next(((lay, x[i].argmax()) for lay, x in exits if x[i].argmax() == goal[i]), None)
+            layer, pred = hit if hit is not None else (6, final[i])
+            layers.append(layer)
+            correct += int(pred == target[i])
+        assert row["mean_exit_layer"] == pytest.approx(sum(layers) / len(layers))
+        assert row["accuracy"] == pytest.approx(100.0 * correct / len(target))
+        assert row["layer_speedup"] == pytest.approx(6 / row["mean_exit_layer"])
+        assert row["wall_speedup"] is None and row["batch_size"] == 8
+    full_acc = 100.0 * float(final.eq(target).double().mean())
+    assert rows[0]["accuracy"] == pytest.approx(full_acc)
+    assert rows[1]["accuracy"] > full_acc and rows[1]["mean_exit_layer"] < 6
+
+
+def _row(policy: str, threshold, accuracy: float, speedup: float) -> dict:
+    return {"policy": policy, "threshold": threshold, "accuracy": accuracy,
+            "layer_speedup": speedup, "examples": 100, "mean_exit_layer": 6 / speedup}  # fmt: skip
+
+
+TABLE = [
+    _row("none", None, 90.0, 1.0),
+    _row("entropy", 0.1, 90.0, 1.2),
+    _row("entropy", 0.2, 89.5, 1.8),
+    _row("entropy", 0.3, 88.0, 2.5),
+    _row("entropy", 0.4, 80.0, 4.0),
+    _row("oracle-final", None, 90.0, 5.0),
+]
+
+
+def test_choose_row_for_a_target() -> None:
+    from acl_fairseq.exit_curve import TargetError, choose_row
+
+    assert choose_row(TABLE, max_accuracy_drop=0.5)["threshold"] == 0.2
+    assert choose_row(TABLE, max_accuracy_drop=0.0)["threshold"] == 0.1
+    assert choose_row(TABLE, max_accuracy_drop=2.0)["threshold"] == 0.3
+    assert choose_row(TABLE, target_speedup=2.0)["threshold"] == 0.3
+    assert choose_row(TABLE, target_speedup=1.8)["threshold"] == 0.2
+    assert choose_row(TABLE, target_speedup=4.0)["threshold"] == 0.4  # oracle rows ignored
+    with pytest.raises(TargetError, match=r"--target-speedup 5: .* largest .* 4\.00"):
+        choose_row(TABLE, target_speedup=5.0)
+    worse = [TABLE[0], _row("entropy", 0.5, 85.0, 3.0)]
+    with pytest.raises(TargetError, match=r"--max-accuracy-drop 1: .* smallest drop .* 5\.00"):
+        choose_row(worse, max_accuracy_drop=1.0)
+    with pytest.raises(ValueError, match="exactly one of --max-accuracy-drop and --target"):
+        choose_row(TABLE, max_accuracy_drop=1.0, target_speedup=2.0)
+
+
+def test_sweep_target_flag_errors(tmp_path: Path, capsys) -> None:
+    data = _data_dir(tmp_path / "data")
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"")
+    for flags, message in [
+        (["--max-accuracy-drop", "1", "--target-speedup", "2"], "not both"),
+        (["--max-accuracy-drop", "-1"], "--max-accuracy-drop must be >= 0"),
+        (["--target-speedup", "0.5"], "--target-speedup must be >= 1"),
+        (["--thresholds", "quantiles:0"], "quantiles:N with an integer N >= 1"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            ees.main([str(ckpt), str(data), *flags])
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err, flags
+
+
+def test_policy_file_round_trip_and_errors(tmp_path: Path) -> None:
+    from acl_fairseq.exit_policy_file import POLICY_FILE, read_policy, write_policy
+
+    ckpt = tmp_path / "checkpoint_best.pt"
+    ckpt.write_bytes(b"")
+    assert read_policy(ckpt) is None
+    path = write_policy(ckpt, "entropy:0.25", split="valid", accuracy=90.0)
+    assert path == tmp_path / POLICY_FILE
+    saved = read_policy(ckpt)
+    assert saved.policy == "entropy:0.25" and saved["checkpoint"] == ckpt.name
+    assert saved["split"] == "valid"
+    with pytest.raises(ValueError, match="threshold must be a number"):
+        write_policy(ckpt, "entropy:x")
+    path.write_text("{not json", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{POLICY_FILE}: not valid JSON"):
+        read_policy(ckpt)

@@ -184,3 +184,26 @@ def test_constructor_validation():
 def test_decide_rejects_non_2d_logits():
     with pytest.raises(ValueError, match="B x K"):
         EntropyPolicy(0.5).decide(torch.zeros(3), {})
+
+
+@pytest.mark.parametrize(
+    "policy, shallow, never",
+    [
+        (EntropyPolicy(0.0), 3, True),
+        (EntropyPolicy(1e-30), 3, False),
+        (MaxProbPolicy(1.0), 3, False),
+        (MaxProbPolicy(1.01), 3, True),
+        (PatiencePolicy(2), 3, False),
+        (PatiencePolicy(3), 3, True),
+        (EntropyPolicy(float("inf")), 0, True),
+    ],
+)
+def test_never_exits_is_exact(policy, shallow, never):
+    assert policy.never_exits(shallow) is never
+    if never and shallow:  # whatever the logits, no row leaves at any shallow exit
+        gen = torch.Generator().manual_seed(0)
+        logits = torch.cat([LOGITS, 50 * torch.randn(64, 3, generator=gen)])
+        state = policy.init_state(logits.size(0))
+        for _ in range(shallow):
+            exit_mask, state = policy.decide(logits, state)
+            assert not exit_mask.any()

@@ -249,6 +249,35 @@ def test_batched_early_exit_equals_per_example(built, name):
         assert torch.allclose(exits[layer][i], result.logits[i], atol=1e-5), i
 
 
+def test_evaluated_policy_that_lets_nobody_out_equals_full_forward(built):
+    """entropy 1e-30 is evaluated at every exit (not a never-exit policy) but no row leaves."""
+    model, task, _ = built
+    tokens, _ = _batch(task, LENGTHS)
+    policy = EntropyPolicy(1e-30)
+    assert not policy.never_exits(len(model.shallow_exit_layers))
+    result = model.early_exit(tokens, policy)
+    full = model(tokens, classification_head_name=HEAD)[0]
+    assert result.exit_layers.tolist() == [4] * len(LENGTHS)
+    assert torch.allclose(result.logits, full, atol=1e-5)
+    assert torch.equal(result.predictions, full.argmax(-1))
+
+
+@pytest.mark.parametrize("extra", [["--exit-pooling", "mean"], ["--encoder-normalize-before"]])
+def test_batched_early_exit_equals_per_example_mean_pooling_and_prenorm(setup, data_dir, extra):
+    _, task = setup
+    model, _ = _build(data_dir, task, extra=extra)
+    tokens, rows = _batch(task, LENGTHS)
+    policy = _policies(model, tokens)["entropy"]
+    result = model.early_exit(tokens, policy)
+    assert len(set(result.exit_layers.tolist())) >= 2, result.exit_layers  # not vacuous
+    exits = {o.layer: o.logits for o in model.exit_outputs(tokens)}
+    for i, row in enumerate(rows):
+        alone = model.early_exit(row.unsqueeze(0), policy)
+        assert alone.exit_layers.item() == result.exit_layers[i].item(), i
+        assert torch.allclose(alone.logits[0], result.logits[i], atol=1e-5), i
+        assert torch.allclose(exits[result.exit_layers[i].item()][i], result.logits[i], atol=1e-5)
+
+
 def test_prenorm_exits_use_the_final_layer_norm(setup, data_dir):
     _, task = setup
     model, _ = _build(data_dir, task, extra=["--encoder-normalize-before"])

@@ -246,3 +246,46 @@ def test_demo_last_step_classifies_example_sentences(trained) -> None:
         assert label in ("pos", "neg") and 0.5 <= float(prob) <= 1.0
         assert layer in {f"exit {n}" for n in range(1, 5)} and shown == sentence
     assert lines[-1].startswith("acl-fairseq-predict: 5 sentences, ")
+
+
+def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path, capsys) -> None:
+    from acl_fairseq.cli import sweep
+    from acl_fairseq.exit_policy_file import POLICY_FILE, read_policy
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+
+    ckpt = tmp_path / "model" / trained["ckpt"].name  # own folder: the fixture's stays bare
+    ckpt.parent.mkdir()
+    shutil.copy(trained["ckpt"], ckpt)
+    common = [str(ckpt), str(trained["data"]), "--thresholds", "quantiles:4", "--cpu",
+              "--batch-sizes", "8", "--max-examples", "24", "--repeats", "1"]  # fmt: skip
+    assert sweep.main([*common, "--target-speedup", "100"]) == 2
+    assert "--target-speedup 100: no threshold reaches it; the largest" in capsys.readouterr().err
+    assert read_policy(ckpt) is None
+    assert sweep.main([*common, "--max-accuracy-drop", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "| 8 | oracle-final |" in out and "| 8 | oracle-gold |" in out
+    saved = read_policy(ckpt)
+    assert f"wrote {ckpt.parent / POLICY_FILE}" in out
+    assert saved["target"] == {"max_accuracy_drop": 100.0} and saved["split"] == "valid"
+    assert saved["checkpoint"] == ckpt.name and saved["layer_speedup"] == 4.0  # the fastest
+
+    text = "".join(f"{row[0]}\n" for row in trained["rows"][:8])
+    code, by_default, err = run_predict(ckpt, stdin=text)
+    assert code == 0 and f"policy: {saved.policy} (saved in" in err
+    assert {line.split("\t")[2] for line in by_default.splitlines()} == {"1"}
+    _, explicit, _ = run_predict(ckpt, "--policy", saved.policy, stdin=text)
+    assert explicit == by_default
+    code, full, err = run_predict(ckpt, "--policy", "none", stdin=text)
+    assert code == 0 and "policy: full depth (--policy none)" in err
+    assert {line.split("\t")[2] for line in full.splitlines()} == {"4"}
+    code, _, err = run_predict(trained["ckpt"], "--policy", "saved", stdin=text)
+    assert code == 2 and "--policy saved: no " in err and "--max-accuracy-drop" in err
+
+    hub = MultiExitRobertaModel.from_pretrained(
+        str(ckpt.parent), ckpt.name, data_name_or_path=str(trained["data"])
+    )
+    assert hub.default_policy == saved.policy
+    tokens = hub.encode(trained["rows"][0][0])
+    assert hub.predict_early_exit(predict.DEFAULT_HEAD, tokens).exit_layers.tolist() == [1]
+    hub.default_policy = None  # full depth
+    assert hub.predict_early_exit(predict.DEFAULT_HEAD, tokens).exit_layers.tolist() == [4]

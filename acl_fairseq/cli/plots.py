@@ -265,6 +265,8 @@ def plot_early_exit(results_dir: Path, out_dir: Path, specs: Sequence[str] | Non
     markers = "os^Dv<>p"
     for i, (label, path) in enumerate(files):
         rows = read_sweep(path)
+        oracles = [r for r in rows if r["policy"].startswith("oracle")]
+        rows = [r for r in rows if r not in oracles]
         color = cycle[i % len(cycle)]
         sizes = sorted({r["batch_size"] for r in rows})
         # points in the table's order: the full model, then the thresholds as swept. Accuracy
@@ -290,7 +292,10 @@ def plot_early_exit(results_dir: Path, out_dir: Path, specs: Sequence[str] | Non
                     linestyle="-" if j == 0 else "--",
                     label=f"{label}, batch {size}",
                 )
-        for r in rows:
+        for r, marker in zip(oracles, "*P"):  # best any policy could do (layer count only)
+            left.plot(r["layer_speedup"], r["accuracy"], marker=marker, markersize=11,
+                      color=color, linestyle="none", label=f"{label}, {r['policy']}")  # fmt: skip
+        for r in rows + oracles:
             csv_rows.append([label, *(r[k] for k in EARLY_EXIT_CSV[1:])])
     for ax, title in (
         (left, "layer-count speed-up (ideal: layers / mean exit layer)"),

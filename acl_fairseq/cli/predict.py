@@ -30,6 +30,7 @@ from torch import Tensor
 
 from acl_fairseq.cli.predict_examples import ExampleEncoder, PredictError, parse_columns, read_rows
 from acl_fairseq.exit_policies import ExitPolicy, parse_policy
+from acl_fairseq.exit_policy_file import POLICY_FILE, policy_path, read_policy
 
 DEFAULT_HEAD = "sentence_classification_head"
 PROG = "acl-fairseq-predict"
@@ -50,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--header", action="store_true", help="skip the first input line")
     p.add_argument(
         "--policy",
-        help="early exit, e.g. entropy:0.3, maxprob:0.9, patience:2 (default: full depth)",
+        help="early exit, e.g. entropy:0.3, maxprob:0.9, patience:2; 'saved': the policy "
+        "acl-fairseq-sweep wrote to early_exit_policy.json next to the checkpoint; 'none': "
+        "full depth (default: saved when that file exists, else full depth)",
     )
     p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass")
     p.add_argument("--head", default=DEFAULT_HEAD, help="classification head")
@@ -127,6 +130,44 @@ def run_batches(
     return results
 
 
+def choose_policy(spec: str | None, checkpoint: str) -> tuple[ExitPolicy | None, str]:
+    """``(policy or None for full depth, a line saying which)`` for ``--policy spec``.
+
+    ``None`` (the default): the saved policy when ``early_exit_policy.json`` is next to the
+    checkpoint, else full depth; ``saved``: that file (an error without it); ``none``: full
+    depth; anything else: ``parse_policy``.
+    """
+    name = (spec or "").strip().lower()
+    if name == "none":
+        return None, "full depth (--policy none)"
+    if spec is None or name == "saved":
+        try:
+            saved = read_policy(checkpoint)
+        except ValueError as e:
+            raise PredictError(f"--policy saved: {e}") from None
+        if saved is None:
+            if spec is not None:
+                raise PredictError(
+                    f"--policy saved: no {policy_path(checkpoint)}; write one with "
+                    "acl-fairseq-sweep CHECKPOINT DATA --max-accuracy-drop D (or "
+                    "--target-speedup S), or give a policy such as entropy:0.3"
+                )
+            return None, f"full depth (no {POLICY_FILE} next to the checkpoint)"
+        details = ", ".join(
+            f"{k} {saved[k]}"
+            for k in ("target", "split", "accuracy", "layer_speedup")
+            if k in saved
+        )
+        return parse_policy(saved.policy), (
+            f"{saved.policy} (saved in {policy_path(checkpoint)}: {details}; "
+            "--policy none for full depth)"
+        )
+    try:
+        return parse_policy(spec), spec
+    except ValueError as e:
+        raise PredictError(f"--policy: {e}") from None
+
+
 def _read_input(path: str, stdin: TextIO) -> list[str]:
     if path == "-":
         return stdin.readlines()
@@ -143,10 +184,7 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     columns = parse_columns(args.text_columns)
     if args.batch_size < 1:
         raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
-    try:
-        policy = parse_policy(args.policy) if args.policy else None
-    except ValueError as e:
-        raise PredictError(f"--policy: {e}") from None
+    policy, described = choose_policy(args.policy, args.checkpoint)
     state = checkpoint_state(args.checkpoint)
     data = data_folder(state, args.data, args.checkpoint)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
@@ -154,13 +192,20 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     if args.head not in model.classification_heads:
         heads = ", ".join(sorted(model.classification_heads)) or "none"
         raise PredictError(f"--head {args.head}: not in {args.checkpoint} (heads: {heads})")
+    regression = bool(getattr(task.cfg, "regression_target", False))
+    if (
+        args.policy is None
+        and policy is not None
+        and (regression or not hasattr(model, "early_exit"))
+    ):
+        policy, described = None, "full depth (the saved policy needs a multi-exit classifier)"
+    stderr.write(f"{PROG}: policy: {described}\n")
     if policy is not None and not hasattr(model, "early_exit"):
         raise PredictError(
             f"--policy {args.policy}: {args.checkpoint} holds a {type(model).__name__} with "
             "one exit, so only full depth is possible: drop --policy (or train a multi-exit "
             "model, --arch multi_exit_roberta*)"
         )
-    regression = bool(getattr(task.cfg, "regression_target", False))
     if regression and policy is not None:
         raise PredictError("--policy: early exit needs a classification (not regression) model")
     from fairseq import utils
@@ -190,9 +235,10 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     stdout.flush()
     mean_layer = sum(r[2] for r in results) / len(results) if results else 0.0
     rate = len(results) / seconds if seconds > 0 else float("inf")
+    label = described.split()[0] if policy is not None else "full depth"
     stderr.write(
         f"{PROG}: {len(results)} sentences, {rate:.1f} sentences/s, mean exit layer "
-        f"{mean_layer:.2f} of {num_layers(model)} ({args.policy or 'full depth'})\n"
+        f"{mean_layer:.2f} of {num_layers(model)} ({label})\n"
     )
     return 0
 

@@ -21,6 +21,23 @@ Usage::
         --batch-sizes 1,8,32 --max-examples 500 --cpu
 
 ``DATA`` is the binarized ``sentence_prediction`` directory (``DATA/{input0,input1,label}``).
+
+The whole curve: ``--thresholds quantiles[:N]`` (N = 10 by default) takes N thresholds from
+the exits' confidences on the split (one ``exit_outputs`` pass), spaced so that their mean
+exit layers are evenly spread from full depth to the first exit
+(``acl_fairseq.exit_curve.quantile_thresholds``); without ``--thresholds`` the fixed grid of
+``default_thresholds`` is swept. Two rows bound any policy, from the same pass and with no
+timing: ``oracle-final`` (every sentence leaves at the earliest exit that agrees with the
+final exit: the full model's accuracy at the smallest mean exit layer) and ``oracle-gold``
+(the earliest exit that is right: an upper bound on the accuracy).
+
+Deploying: ``--max-accuracy-drop D`` (the fastest threshold at most D points below the full
+model on the split) or ``--target-speedup S`` (the most accurate threshold with a layer-count
+speed-up of at least S) writes the chosen policy to ``early_exit_policy.json`` next to the
+checkpoint (``acl_fairseq.exit_policy_file``), which ``acl-fairseq-predict`` and the hub's
+``predict_early_exit`` use when no policy is given::
+
+    acl-fairseq-sweep CKPT DATA --thresholds quantiles:20 --max-accuracy-drop 1
 ``--out`` gets a TSV (or a CSV if the name ends in ``.csv``); Markdown goes to stdout.
 """
 
@@ -40,13 +57,26 @@ from torch import Tensor
 
 import acl_fairseq  # noqa: F401  (registers the plugin; safe checkpoint loading)
 from acl_fairseq.cli.sweep_checks import check_split, check_thresholds
+from acl_fairseq.cli.sweep_curve import (
+    POLICY_KINDS,
+    Quantiles,
+    choose_and_save,
+    collect_exits,
+    default_thresholds,
+    exit_accuracies,
+    make_policy,
+    oracle_rows,
+    sweep_thresholds,
+    threshold_spec,
+)
 from acl_fairseq.cli.sweep_table import (
     COLUMNS,
     format_layer_scores,
     format_markdown,
     write_table,
 )
-from acl_fairseq.exit_policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, PatiencePolicy
+from acl_fairseq.exit_curve import TargetError, simulate_exits
+from acl_fairseq.exit_policies import ExitPolicy
 
 __all__ = [
     "COLUMNS",
@@ -67,41 +97,7 @@ __all__ = [
 Batch = tuple[Tensor, Tensor]
 """``(src_tokens B x T, target B)`` on the model's device."""
 
-POLICY_KINDS = ("entropy", "maxprob", "patience")
 DEFAULT_HEAD = "sentence_classification_head"
-
-
-# ----------------------------------------------------------------------------- policies
-
-
-def make_policy(kind: str, threshold: float) -> ExitPolicy:
-    """The ``ExitPolicy`` of ``kind`` at ``threshold`` (patience: an integer)."""
-    if kind == "entropy":
-        return EntropyPolicy(float(threshold))
-    if kind == "maxprob":
-        return MaxProbPolicy(float(threshold))
-    if kind == "patience":
-        if float(threshold) != int(threshold):
-            raise ValueError(f"patience must be an integer, got {threshold}")
-        return PatiencePolicy(int(threshold))
-    raise ValueError(f"unknown policy kind {kind!r}: expected one of {POLICY_KINDS}")
-
-
-def default_thresholds(kind: str, num_classes: int, num_shallow_exits: int) -> list[float]:
-    """A grid from 'never exits early' to '(almost) always exits at the first exit'.
-
-    entropy: 0 .. ln(K) in 10 steps; maxprob: 1.0 .. 1/K in 10 steps (for K = 2: 1.0 .. 0.5);
-    patience: E .. 0 for E shallow exits (patience E never exits early).
-    """
-    if kind == "entropy":
-        top = math.log(num_classes)
-        return [round(top * i / 10, 4) for i in range(11)]
-    if kind == "maxprob":
-        low = 1.0 / num_classes
-        return [round(1.0 - (1.0 - low) * i / 10, 4) for i in range(11)]
-    if kind == "patience":
-        return [float(p) for p in range(num_shallow_exits, -1, -1)]
-    raise ValueError(f"unknown policy kind {kind!r}: expected one of {POLICY_KINDS}")
 
 
 # ----------------------------------------------------------------------------- loading
@@ -223,34 +219,6 @@ def layer_scores(
                 correct[out.layer] = correct.get(out.layer, 0) + hits
             total += target.numel()
     return {layer: 100.0 * n / total for layer, n in sorted(correct.items())}
-
-
-def simulate_exits(
-    exit_logits: Sequence[tuple[int, Tensor]], policy: ExitPolicy
-) -> tuple[Tensor, Tensor]:
-    """Exit layers and predictions that ``early_exit`` gives, from every exit's logits.
-
-    Policies decide row by row, so running them on all rows of a full ``exit_outputs`` pass
-    (no row removal) gives the same exits as the batched ``early_exit``; this makes threshold
-    searches cheap (one encoder pass for any number of thresholds).
-
-    Args:
-        exit_logits: ``[(layer, B x K logits)]`` by layer, the last one the final exit.
-    Returns:
-        ``(exit_layers B, predictions B)``.
-    """
-    *shallow, (last_layer, last_logits) = exit_logits
-    exit_layers = torch.full_like(last_logits[:, 0], last_layer, dtype=torch.long)
-    predictions = last_logits.argmax(dim=-1)
-    done = torch.zeros_like(exit_layers, dtype=torch.bool)
-    state = policy.init_state(last_logits.size(0), last_logits.device)
-    for layer, logits in shallow:
-        exit_mask, state = policy.decide(logits, state)
-        new = exit_mask & ~done
-        exit_layers[new] = layer
-        predictions[new] = logits[new].argmax(dim=-1)
-        done |= exit_mask
-    return exit_layers, predictions
 
 
 def sweep(
@@ -379,13 +347,6 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 0,0.1,inf, got {text!r}") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="acl-fairseq-sweep",
@@ -404,8 +365,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy", choices=POLICY_KINDS, default="entropy", help="policy kind")
     parser.add_argument(
         "--thresholds",
-        type=_float_list,
-        help="comma-separated thresholds (default: a grid per policy; 'inf' is accepted)",
+        type=threshold_spec,
+        help="comma-separated thresholds ('inf' is accepted), or quantiles[:N]: N thresholds "
+        "from the exits' confidences on the split, evenly spread over the mean exit layer "
+        "(default: a fixed grid per policy)",
+    )
+    target = parser.add_argument_group("choose a threshold to deploy (written next to CHECKPOINT)")
+    target.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        metavar="D",
+        help="the fastest threshold at most D accuracy points below the full model on --split",
+    )
+    target.add_argument(
+        "--target-speedup",
+        type=float,
+        metavar="S",
+        help="the most accurate threshold with a layer-count speed-up of at least S",
     )
     parser.add_argument(
         "--batch-sizes", type=_int_list, default=[1, 32], help="comma-separated batch sizes"
@@ -438,8 +414,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (positional or option):
             parser.error(f"{name.upper()} is required (positional or --{name})")
         setattr(args, name, positional or option)
+    if args.max_accuracy_drop is not None and args.target_speedup is not None:
+        parser.error("give one of --max-accuracy-drop and --target-speedup, not both")
+    if args.max_accuracy_drop is not None and not args.max_accuracy_drop >= 0:
+        parser.error(f"--max-accuracy-drop must be >= 0 points, got {args.max_accuracy_drop}")
+    if args.target_speedup is not None and not args.target_speedup >= 1:
+        parser.error(f"--target-speedup must be >= 1 (layer-count), got {args.target_speedup}")
     try:
-        if args.thresholds is not None:
+        if args.thresholds is not None and not isinstance(args.thresholds, Quantiles):
             check_thresholds(args.policy, args.thresholds)
         check_split(args.data, args.split)
     except ValueError as e:
@@ -451,9 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, task = load_checkpoint(args.checkpoint, args.data, device)
     head = args.head or getattr(task.cfg, "classification_head_name", None) or DEFAULT_HEAD
     num_classes = int(model.classification_heads[head].out_proj.out_features)
-    thresholds = args.thresholds or default_thresholds(
-        args.policy, num_classes, len(model.shallow_exit_layers)
-    )
+    default = default_thresholds(args.policy, num_classes, len(model.shallow_exit_layers))
     from fairseq import utils
 
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
@@ -463,8 +443,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         batches = load_batches(
             task, args.split, batch_size, args.max_examples, device, max_positions
         )
-        if scores is None:
-            scores = layer_scores(model, batches, head)
+        if scores is None:  # one pass over every exit: scores, quantiles, oracle
+            exit_logits, targets = collect_exits(model, batches, head)
+            scores = exit_accuracies(exit_logits, targets)
+            thresholds = sweep_thresholds(args.thresholds, args.policy, exit_logits, default)
+            oracles = oracle_rows(exit_logits, targets, batch_size)
         rows += sweep(
             model,
             batches,
@@ -483,12 +466,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"# device: {_machine(device)}; {args.repeats} timed rounds, median\n"
     )
     assert scores is not None
+    first = [r for r in rows if r["batch_size"] == args.batch_sizes[0]]
+    rows += oracles
     print("Accuracy of every exit (one pass over all exits):\n")
     print(format_layer_scores(scores, model.num_layers) + "\n")
     print(format_markdown(rows))
     if args.out:
         write_table(rows, args.out)
         print(f"\nwrote {args.out}")
+    if args.max_accuracy_drop is not None or args.target_speedup is not None:
+        try:
+            path, row = choose_and_save(
+                first, args.checkpoint, args.split, args.max_accuracy_drop, args.target_speedup
+            )
+        except TargetError as e:
+            print(f"acl-fairseq-sweep: error: {e}", file=sys.stderr)
+            return 2
+        print(
+            f"\nchosen: {args.policy} {row['threshold']:g} (accuracy {row['accuracy']:.2f}%, "
+            f"layer-count speed-up {row['layer_speedup']:.2f} on {args.split}); wrote {path}: "
+            "acl-fairseq-predict and predict_early_exit use it when no policy is given"
+        )
     return 0
 
 

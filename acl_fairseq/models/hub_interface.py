@@ -8,7 +8,7 @@ from fairseq import utils
 from fairseq.models.roberta.hub_interface import RobertaHubInterface
 from torch import Tensor
 
-from ..exit_policies import ExitPolicy, as_policy
+from ..exit_policies import EntropyPolicy, ExitPolicy, as_policy
 from .types import EarlyExitResult
 
 __all__ = ["MultiExitRobertaHubInterface"]
@@ -19,8 +19,12 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
 
     Everything of the parent (``encode``, ``predict``, ``extract_features``...) works as for
     plain RoBERTa on the final exit. Added: ``predict_early_exit`` and ``exit_logits``, both run
-    in eval mode without gradients.
+    in eval mode without gradients. ``default_policy`` (a ``parse_policy`` string, ``None`` =
+    full depth) is what ``predict_early_exit`` uses without a policy; ``from_pretrained`` sets
+    it from the checkpoint's ``early_exit_policy.json`` when there is one.
     """
+
+    default_policy: str | None = None
 
     def _batch(self, tokens: Tensor) -> Tensor:
         """1D (T) or 2D (B x T) fairseq ids -> B x T on the model's device."""
@@ -41,17 +45,20 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
         return logits if return_logits else F.log_softmax(logits, dim=-1)
 
     def predict_early_exit(
-        self, head: str, tokens: Tensor, policy: ExitPolicy | str
+        self, head: str, tokens: Tensor, policy: ExitPolicy | str | None = None
     ) -> EarlyExitResult:
         """Batched early-exit prediction.
 
         Args:
             head: classification head name (e.g. ``"sentence_classification_head"``).
             tokens: T or B x T fairseq ids (right-padded with the dictionary's pad).
-            policy: an ``ExitPolicy`` or a string for ``parse_policy`` (``"entropy:0.3"``).
+            policy: an ``ExitPolicy`` or a string for ``parse_policy`` (``"entropy:0.3"``);
+                ``None``: ``self.default_policy``, or full depth when that is ``None`` too.
         Returns:
             ``EarlyExitResult(predictions B, exit_layers B, logits B x K)``.
         """
+        if policy is None:
+            policy = self.default_policy or EntropyPolicy(0.0)  # entropy 0: full depth
         tokens = self._batch(tokens)
         with utils.model_eval(self.model), torch.no_grad():
             return self.model.early_exit(tokens, as_policy(policy), classification_head_name=head)

@@ -34,6 +34,8 @@ from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from ..exit_policies import ExitPolicy, as_policy
+from ..exit_policy_file import POLICY_FILE, read_policy
+from .early_exit_loop import run_early_exit
 from .hub_interface import MultiExitRobertaHubInterface
 from .types import EarlyExitResult, ExitOutput
 
@@ -199,6 +201,8 @@ class MultiExitRobertaModel(RobertaModel):
         ``bpe="recorded"`` (the default): a data folder written by ``acl-fairseq-prepare``
         (``prepare_glue.json``) gives its tokenizer, so ``hub.encode(text)`` encodes as the
         training data; other folders get fairseq's ``gpt2``. Any other value goes to fairseq.
+        An ``early_exit_policy.json`` next to the checkpoint (``acl-fairseq-sweep
+        --max-accuracy-drop D``) becomes the hub's ``default_policy``.
         """
         import os
 
@@ -232,6 +236,10 @@ class MultiExitRobertaModel(RobertaModel):
         hub = MultiExitRobertaHubInterface(x["args"], x["task"], model)
         if recorded is not None:
             hub.bpe = recorded
+        saved = read_policy(os.path.join(model_name_or_path, checkpoint_file))
+        if saved is not None:  # chosen by acl-fairseq-sweep --max-accuracy-drop/--target-speedup
+            hub.default_policy = saved.policy
+            logger.info(f"early exit: default policy {saved.policy} (from {POLICY_FILE})")
         return hub
 
     # ------------------------------------------------------------------ heads
@@ -366,7 +374,7 @@ class MultiExitRobertaModel(RobertaModel):
         logits, pooled = head.forward_with_features(features, self._padding_mask(src_tokens))
         return ExitOutput(self.num_layers, logits, pooled, head.out_proj.weight)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def early_exit(
         self,
         src_tokens: Tensor,
@@ -380,7 +388,7 @@ class MultiExitRobertaModel(RobertaModel):
         running rows' logits go to ``policy``; rows that exit are recorded and removed from
         the hidden states (T x B x C), the padding mask (B x T) and the policy state, and
         trailing columns that became all-pad are trimmed. Rows still running at the last
-        layer exit there.
+        layer exit there. The loop lives in ``early_exit_loop.run_early_exit``.
 
         Args:
             src_tokens: B x T token ids (``src_lengths`` etc. are ignored).
@@ -390,56 +398,7 @@ class MultiExitRobertaModel(RobertaModel):
         """
         if self.training:
             raise RuntimeError("early_exit is for inference: call model.eval() first")
-        policy = as_policy(policy)
-        heads = dict(self.exit_heads(classification_head_name))
-        encoder = self.encoder.sentence_encoder
-        bsz, device = src_tokens.size(0), src_tokens.device
-
-        padding_mask = self._padding_mask(src_tokens)  # B x T
-        has_pads = bool(padding_mask.any())  # one host sync here, not one per layer
-        x, _ = encoder.forward_embedding(src_tokens)  # B x T x C
-        if has_pads:  # the encoder multiplies by 1 when there is no padding: skip that
-            x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
-        x = x.transpose(0, 1)  # T x B x C
-
-        rows = torch.arange(bsz, device=device)  # original index of each running row
-        state = policy.init_state(bsz, device)
-        exit_layers = torch.zeros(bsz, dtype=torch.long, device=device)
-        all_logits: Tensor | None = None
-
-        for layer_idx, layer in enumerate(encoder.layers, start=1):
-            out = layer(x, encoder_padding_mask=padding_mask if has_pads else None)
-            x = out[0] if isinstance(out, tuple) and len(out) == 2 else out
-            if layer_idx not in heads:
-                continue
-            hidden = self._exit_hidden(x).transpose(0, 1)  # B' x T x C
-            logits = heads[layer_idx](hidden, padding_mask=padding_mask)  # B' x K
-            if all_logits is None:
-                all_logits = logits.new_zeros(bsz, logits.size(-1))
-            if layer_idx == self.num_layers:  # every running row exits at the last layer
-                all_logits[rows] = logits
-                exit_layers[rows] = layer_idx
-                break
-            exit_mask, state = policy.decide(logits, state)
-            keep = (~exit_mask).nonzero().squeeze(1)
-            if keep.numel() == rows.size(0):  # nobody leaves here
-                continue
-            leaving = rows[exit_mask]
-            all_logits[leaving] = logits[exit_mask]
-            exit_layers[leaving] = layer_idx
-            if keep.numel() == 0:
-                break
-            rows = rows.index_select(0, keep)
-            x = x.index_select(1, keep)
-            padding_mask = padding_mask.index_select(0, keep)
-            state = {k: v.index_select(0, keep) for k, v in state.items()}
-            if has_pads:
-                x, padding_mask = _trim_trailing_padding(x, padding_mask)
-                has_pads = bool(padding_mask.any())
-
-        assert all_logits is not None  # the last layer always has an exit
-        predictions = all_logits.argmax(dim=-1)  # the stored logits: same argmax as at the exit
-        return EarlyExitResult(predictions, exit_layers, all_logits)
+        return run_early_exit(self, src_tokens, as_policy(policy), classification_head_name)
 
     # ------------------------------------------------------- checkpoint upgrade
 
@@ -509,19 +468,6 @@ class MultiExitRobertaModel(RobertaModel):
         logger.info(f"dropping the pretrained pooler {head}: this model has no such head")
         for k in [k for k in state_dict if k.startswith(key)]:
             del state_dict[k]
-
-
-def _trim_trailing_padding(x: Tensor, padding_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Drop trailing columns that are padding in every row (keeps >= 1 column).
-
-    Exact: padded keys get zero attention weight and pooling ignores them.
-    x: T x B x C, padding_mask: B x T.
-    """
-    nonpad_cols = (~padding_mask).any(dim=0).nonzero()
-    length = int(nonpad_cols.max()) + 1 if nonpad_cols.numel() > 0 else 1
-    if length < padding_mask.size(1):
-        x, padding_mask = x[:length], padding_mask[:, :length]
-    return x, padding_mask
 
 
 # ----------------------------------------------------------------- architectures

@@ -1,0 +1,209 @@
+"""The speed/accuracy curve of early exit from one pass over every exit (pure torch).
+
+Everything here works on the logits of every exit for N examples, ``[(layer, N x K)]`` ordered
+by layer, the last one the final exit (what ``MultiExitRobertaModel.exit_outputs`` gives):
+
+* ``simulate_exits``: the exits and predictions ``early_exit`` would give for a policy;
+* ``quantile_thresholds``: thresholds that spread the curve evenly over the mean exit layer;
+* ``oracle_exits``: the best any policy could do (earliest exit that agrees with the final
+  exit, or with the gold label);
+* ``choose_row``: the threshold to deploy for an accuracy-drop or speed-up target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .exit_policies import ExitPolicy, softmax_entropy
+
+__all__ = [
+    "ExitLogits",
+    "TargetError",
+    "choose_row",
+    "oracle_exits",
+    "quantile_thresholds",
+    "simulate_exits",
+]
+
+ExitLogits = Sequence[tuple[int, Tensor]]
+"""``[(layer, N x K logits)]`` by layer, the last entry the final exit."""
+
+
+def simulate_exits(exit_logits: ExitLogits, policy: ExitPolicy) -> tuple[Tensor, Tensor]:
+    """Exit layers and predictions that ``early_exit`` gives, from every exit's logits.
+
+    Policies decide row by row, so running them on all rows of a full ``exit_outputs`` pass
+    (no row removal) gives the same exits as the batched ``early_exit``; this makes threshold
+    searches cheap (one encoder pass for any number of thresholds).
+
+    Returns:
+        ``(exit_layers N, predictions N)``.
+    """
+    *shallow, (last_layer, last_logits) = exit_logits
+    exit_layers = torch.full_like(last_logits[:, 0], last_layer, dtype=torch.long)
+    predictions = last_logits.argmax(dim=-1)
+    done = torch.zeros_like(exit_layers, dtype=torch.bool)
+    state = policy.init_state(last_logits.size(0), last_logits.device)
+    for layer, logits in shallow:
+        exit_mask, state = policy.decide(logits, state)
+        new = exit_mask & ~done
+        exit_layers[new] = layer
+        predictions[new] = logits[new].argmax(dim=-1)
+        done |= exit_mask
+    return exit_layers, predictions
+
+
+def _short(value: float, low: float, high: float) -> float:
+    """``value`` rounded to 6 significant digits if it stays in ``(low, high)``."""
+    rounded = float(f"{value:.6g}")
+    return rounded if low < rounded < high else value
+
+
+def quantile_thresholds(exit_logits: ExitLogits, kind: str, count: int) -> list[float]:
+    """``count`` entropy or maxprob thresholds whose mean exit layers are evenly spaced.
+
+    A row leaves at or before shallow exit ``e`` iff the running minimum of its entropies
+    (running maximum of its top probabilities for maxprob) over exits ``<= e`` passes the
+    threshold, and the mean exit layer is ``L - sum_e gap_e * share_e(t)`` where ``gap_e`` is
+    the number of layers between exit ``e`` and the next one and ``share_e(t)`` the share of
+    rows whose running value at ``e`` passes ``t``. The quantile ``q`` of the running values of
+    all (row, shallow exit) pairs, weighted by ``gap_e``, therefore has a mean exit layer of
+    ``L - q (L - l_1)`` (up to ties): ``q = 1/count, 2/count, ..., 1`` give evenly spaced
+    mean exit layers from just below full depth down to the first exit ``l_1`` (evenly
+    spaced layers saved, so the curve has no gaps; ``q = 0`` is the full model's row).
+    The last threshold is ``inf`` (entropy) or ``0`` (maxprob): every row at the first exit.
+    A threshold is the midpoint between two neighbouring running values, rounded to 6
+    significant digits when that keeps it between them.
+
+    Args:
+        exit_logits: ``[(layer, N x K)]``, the last the final exit (at least one shallow).
+        kind: ``entropy`` or ``maxprob``.
+        count: number of thresholds, ``>= 1``.
+    Returns:
+        distinct thresholds, from the most to the least demanding.
+    """
+    if count < 1:
+        raise ValueError(f"--thresholds quantiles:N: N must be >= 1, got {count}")
+    if kind not in ("entropy", "maxprob"):
+        raise ValueError(f"quantile thresholds need an entropy or maxprob policy, not {kind!r}")
+    *shallow, (last_layer, _) = exit_logits
+    if not shallow:
+        raise ValueError("quantile thresholds need at least one shallow exit")
+    layers = [layer for layer, _ in shallow] + [last_layer]
+    values, weights = [], []
+    running: Tensor | None = None
+    for e, (_, logits) in enumerate(shallow):
+        if kind == "entropy":
+            score = softmax_entropy(logits).double()
+        else:  # as MaxProbPolicy, negated so that smaller = more confident
+            score = -torch.softmax(logits.float(), dim=-1).amax(dim=-1).double()
+        running = score if running is None else torch.minimum(running, score)
+        values.append(running)
+        weights.append(torch.full_like(running, float(layers[e + 1] - layers[e])))
+    order = torch.cat(values).argsort()
+    v = torch.cat(values)[order]
+    cum = torch.cat(weights)[order].cumsum(0)
+    cum = cum / cum[-1]
+    out: list[float] = []
+    for i in range(1, count + 1):
+        q = i / count
+        if i == count:
+            t = math.inf if kind == "entropy" else 0.0
+        else:
+            k = int(torch.searchsorted(cum, torch.tensor(q - 1e-12, dtype=cum.dtype)))
+            k = min(k, v.numel() - 1)
+            low = float(v[k])
+            high = float(v[k + 1]) if k + 1 < v.numel() else low + 1.0
+            if high == low:  # a tie: the next distinct value
+                later = v[k + 1 :][v[k + 1 :] > low]
+                high = float(later[0]) if later.numel() else low + 1.0
+            mid = _short((low + high) / 2, low, high)
+            # entropy exits when H < t; maxprob when p >= t, i.e. -p <= -t
+            t = mid if kind == "entropy" else max(0.0, min(1.0, -mid))
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def oracle_exits(exit_logits: ExitLogits, target: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Earliest exit whose prediction equals the final exit's (``target=None``) or the gold
+    label (``target`` N; rows no exit gets right leave at the final exit).
+
+    Returns:
+        ``(exit_layers N, predictions N)``.
+    """
+    final_pred = exit_logits[-1][1].argmax(dim=-1)
+    goal = final_pred if target is None else target.to(final_pred.device).view(-1)
+    exit_layers = torch.full_like(final_pred, exit_logits[-1][0])
+    predictions = final_pred.clone()
+    done = torch.zeros_like(final_pred, dtype=torch.bool)
+    for layer, logits in exit_logits:
+        pred = logits.argmax(dim=-1)
+        new = pred.eq(goal) & ~done
+        exit_layers[new] = layer
+        predictions[new] = pred[new]
+        done |= new
+    return exit_layers, predictions
+
+
+class TargetError(ValueError):
+    """No swept threshold reaches the target; the message names the flag and the best value."""
+
+
+def choose_row(
+    rows: Sequence[dict[str, Any]],
+    max_accuracy_drop: float | None = None,
+    target_speedup: float | None = None,
+) -> dict[str, Any]:
+    """The sweep row to deploy.
+
+    Args:
+        rows: sweep rows of one batch size: the full model (``policy == "none"``) and the
+            thresholds (other policies such as ``oracle-*`` are ignored).
+        max_accuracy_drop: points below the full model's accuracy allowed: the row with the
+            largest layer-count speed-up within it (ties: the more accurate).
+        target_speedup: the most accurate row whose layer-count speed-up is at least this
+            (ties: the faster).
+    Raises:
+        ValueError: neither or both targets; ``TargetError``: no threshold reaches it.
+    """
+    if (max_accuracy_drop is None) == (target_speedup is None):
+        raise ValueError("give exactly one of --max-accuracy-drop and --target-speedup")
+    full = next((r for r in rows if r["policy"] == "none"), None)
+    if full is None:
+        raise ValueError("the sweep rows have no full-model row (policy 'none')")
+    candidates = [
+        r for r in rows if r["policy"] not in ("none",) and not r["policy"].startswith("oracle")
+    ]
+    if not candidates:
+        raise ValueError("the sweep rows have no threshold to choose from")
+    if max_accuracy_drop is not None:
+        if not max_accuracy_drop >= 0:
+            raise ValueError(f"--max-accuracy-drop must be >= 0 points, got {max_accuracy_drop}")
+        floor = full["accuracy"] - max_accuracy_drop - 1e-9
+        within = [r for r in candidates if r["accuracy"] >= floor]
+        if not within:
+            least = min(full["accuracy"] - r["accuracy"] for r in candidates)
+            raise TargetError(
+                f"--max-accuracy-drop {max_accuracy_drop:g}: no threshold is within "
+                f"{max_accuracy_drop:g} points of the full model ({full['accuracy']:.2f}%); the "
+                f"smallest drop swept is {least:.2f} points: allow at least that, or sweep "
+                "more demanding thresholds"
+            )
+        return max(within, key=lambda r: (r["layer_speedup"], r["accuracy"]))
+    assert target_speedup is not None
+    if not target_speedup >= 1:
+        raise ValueError(f"--target-speedup must be >= 1 (layer-count), got {target_speedup}")
+    fast = [r for r in candidates if r["layer_speedup"] >= target_speedup - 1e-9]
+    if not fast:
+        best = max(r["layer_speedup"] for r in candidates)
+        raise TargetError(
+            f"--target-speedup {target_speedup:g}: no threshold reaches it; the largest "
+            f"layer-count speed-up swept is {best:.2f}: ask for at most that"
+        )
+    return max(fast, key=lambda r: (r["accuracy"], r["layer_speedup"]))
