@@ -10,6 +10,7 @@ update has allocated the optimizer state (``--no-memory`` skips these processes)
 
     python benchmarks/train_cost.py                      # MiniLM-L6 sized, batch 32, length 128
     python benchmarks/train_cost.py --layers 12 --dim 768 --heads 12 --ffn 3072   # BERT-base
+    python benchmarks/train_cost.py --top-k 1,2,3        # --acl-grad-scope top:1..3 rows
 """
 
 import argparse
@@ -41,6 +42,21 @@ METHODS = {
         "head",
     ],
 }
+
+
+def methods_with_top_k(top_k: str, layers: int) -> dict[str, list[str]]:
+    """:data:`METHODS` plus one ``--acl-grad-scope top:K`` row per K of ``top_k`` (a comma
+    list) that fits ``layers``."""
+    methods = dict(METHODS)
+    for item in filter(None, (x.strip() for x in top_k.split(","))):
+        if int(item) <= layers:
+            methods[f"ACL-Embed + ACL-Grad, --acl-grad-scope top:{item}"] = [
+                "--criterion",
+                "acl_embed",
+                "--acl-grad-scope",
+                f"top:{item}",
+            ]
+    return methods
 
 
 def write_dicts(root: Path, vocab: int, classes: int) -> None:
@@ -149,13 +165,21 @@ def main() -> None:
     p.add_argument("--updates", type=int, default=5, help="timed updates per method per round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-memory", action="store_true", help="skip the CPU peak-memory processes")
-    p.add_argument("--only", choices=list(METHODS), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--top-k",
+        default="1,2",
+        help="comma list of K: one --acl-grad-scope top:K row each (default: 1,2; '' none)",
+    )
+    p.add_argument("--only", help=argparse.SUPPRESS)
     a = p.parse_args()
+    methods = methods_with_top_k(a.top_k, a.layers)
+    if a.only is not None and a.only not in methods:
+        p.error(f"--only: unknown method {a.only!r}")
 
     if a.only:  # child process of cpu_peak_rss_mib
         with tempfile.TemporaryDirectory() as tmp:
             write_dicts(Path(tmp), a.vocab, a.classes)
-            trainer = build_trainer(Path(tmp), a, METHODS[a.only])
+            trainer = build_trainer(Path(tmp), a, methods[a.only])
             trainer.train_step([make_sample(a, trainer.device)])  # optimizer state allocated
             reset_peak_rss()
             for _ in range(3):
@@ -166,8 +190,8 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as tmp:
         write_dicts(Path(tmp), a.vocab, a.classes)
-        trainers = {name: build_trainer(Path(tmp), a, args) for name, args in METHODS.items()}
-        times: dict[str, list[float]] = {name: [] for name in METHODS}
+        trainers = {name: build_trainer(Path(tmp), a, args) for name, args in methods.items()}
+        times: dict[str, list[float]] = {name: [] for name in methods}
         peak: dict[str, float] = {}
         for trainer in trainers.values():  # warm-up
             trainer.train_step([make_sample(a, trainer.device)])
@@ -187,16 +211,16 @@ def main() -> None:
                     peak[name] = torch.cuda.max_memory_allocated() / 2**20
 
     if not cuda and not a.no_memory:
-        peak = {name: cpu_peak_rss_mib(name) for name in METHODS}
-    base = statistics.median(times[next(iter(METHODS))])
+        peak = {name: cpu_peak_rss_mib(name) for name in methods}
+    base = statistics.median(times[next(iter(methods))])
     device = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(f"\nmodel: {a.layers} layers x {a.dim}, batch {a.batch} x {a.length} tokens, {device}")
     print(f"{a.rounds} rounds x {a.updates} updates per method, median seconds per update\n")
     kind = "GPU max allocated" if cuda else "CPU peak RSS during updates"
     print(f"| method | s/update | ratio to CE | peak MiB ({kind}) | ratio to CE |")
     print("|---|---|---|---|---|")
-    base_mem = peak.get(next(iter(METHODS)))
-    for name in METHODS:
+    base_mem = peak.get(next(iter(methods)))
+    for name in methods:
         med = statistics.median(times[name])
         mem = f"{peak[name]:.0f}" if name in peak else "not measured"
         mem_ratio = f"{peak[name] / base_mem:.2f}x" if name in peak and base_mem else "-"

@@ -1,5 +1,5 @@
-"""benchmarks/acl_grad_agreement.py: the agreement table of the heads-only vs exact decision
-(run as a command, on hand-written angle logs)."""
+"""benchmarks/acl_grad_agreement.py: the agreement table of the heads-only and top-K vs the
+exact decision (run as a command, on hand-written angle logs)."""
 
 import subprocess
 import sys
@@ -17,6 +17,11 @@ def logs_only(out_dir):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
+def table_cells(stdout: str, run: str) -> list[list[str]]:
+    rows = [line for line in stdout.splitlines() if line.startswith(f"| {run} |")]
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+
+
 def test_agreement_counts_decisions_at_each_threshold(tmp_path):
     pairs = [(50.0, 55.0), (70.0, 80.0), (95.0, 85.0), (100.0, 120.0)]
     run = tmp_path / "runs" / "acl-seed1"
@@ -25,8 +30,9 @@ def test_agreement_counts_decisions_at_each_threshold(tmp_path):
     (run / "angles.tsv").write_text("".join(lines))
     res = logs_only(tmp_path)
     assert res.returncode == 0, res.stderr
-    rows = [line for line in res.stdout.splitlines() if line.startswith("| acl-seed1 |")]
-    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    cells = table_cells(res.stdout, "acl-seed1")
+    assert [c[1] for c in cells] == ["head"] * 3  # no top-K columns in this log
+    cells = [[c[0], *c[2:]] for c in cells]
     assert [c[5] for c in cells] == ["60°", "75°", "90°"]
     # 60: exact drops 3, head 3, all agree; 75: exact 2 (95,100), head 3 (80,85,120), 3 of 4
     # agree; 90: exact 2, head 1 (120): 3 of 4 agree
@@ -49,8 +55,34 @@ def test_logs_only_prints_one_block_per_run_and_skips_three_column_logs(tmp_path
     (old / "angles.tsv").write_text("0\t80.0\t1\n")
     res = logs_only(tmp_path)
     assert res.returncode == 0, res.stderr
-    assert sum(line.startswith("| ce_scl-seed1 | 2 |") for line in res.stdout.splitlines()) == 3
+    assert (
+        sum(line.startswith("| ce_scl-seed1 | head | 2 |") for line in res.stdout.splitlines()) == 3
+    )
     assert "skipped (no heads-only angle column; re-run with --force): acl-seed1" in res.stdout
     (run / "angles.tsv").unlink()
     res = logs_only(tmp_path)
     assert res.returncode != 0 and "no log with both angles" in res.stderr
+
+
+def test_top_k_columns_give_one_block_per_k(tmp_path):
+    # (exact, head, top:1, top:2) per update
+    rows = [(50.0, 95.0, 70.0, 52.0), (80.0, 40.0, 70.0, 78.0), (100.0, 60.0, 95.0, 99.0)]
+    run = tmp_path / "runs" / "acl-seed1"
+    run.mkdir(parents=True)
+    lines = [f"{i}\t{e}\t1\t{h}\t1:{t1}\t2:{t2}\n" for i, (e, h, t1, t2) in enumerate(rows)]
+    (run / "angles.tsv").write_text("".join(lines))
+    res = logs_only(tmp_path)
+    assert res.returncode == 0, res.stderr
+    cells = table_cells(res.stdout, "acl-seed1")
+    assert [(c[1], c[6]) for c in cells] == [
+        (scope, t) for scope in ("head", "top:1", "top:2") for t in ("60°", "75°", "90°")
+    ]
+    agree = {(c[1], c[6]): c[9] for c in cells}
+    # 60: exact drops 80,100; top:1 drops 70,70,95 (2 of 3 agree); top:2 drops 78,99 (all)
+    assert agree["top:1", "60°"] == "66.7%" and agree["top:2", "60°"] == "100.0%"
+    # 90: exact drops 100 only; head drops 95 (update 0): only update 1 agrees
+    assert agree["head", "90°"] == "33.3%" and agree["top:1", "90°"] == "100.0%"
+    r2 = numpy.corrcoef([e for e, *_ in rows], [t2 for *_, t2 in rows])[0, 1]
+    top2 = [c for c in cells if c[1] == "top:2"][0]
+    assert float(top2[5]) == pytest.approx(r2, abs=0.005)
+    assert top2[3:5] == ["76.7", "76.3"]

@@ -120,10 +120,12 @@ def test_two_workers_equal_update_freq_two(sentiment_data, tmp_path, case):
 
 
 @pytest.mark.slow
-def test_head_scope_workers_take_the_same_decisions(sentiment_data, tmp_path):
-    """--acl-grad-scope head decides per micro-batch on the heads' gradients summed over the
-    workers: every worker logs the same angles and decisions, one row per update here."""
-    args = [*COMMON, *CASES["acl_embed"], "--acl-grad-scope", "head"]
+@pytest.mark.parametrize("scope", ["head", "top:1"])
+def test_head_scope_workers_take_the_same_decisions(sentiment_data, tmp_path, scope):
+    """--acl-grad-scope head (top:1: plus the top encoder layer) decides per micro-batch on
+    the gradients summed over the workers: every worker logs the same angles and decisions,
+    one row per update here."""
+    args = [*COMMON, *CASES["acl_embed"], "--acl-grad-scope", scope]
     out = fairseq_train_workers(
         2, sentiment_data, tmp_path, *args, "--acl-grad-log", str(tmp_path / "angles.{rank}.tsv")
     )
