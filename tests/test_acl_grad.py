@@ -18,7 +18,7 @@ from acl_fairseq.acl_grad import (
     LossTerms,
     read_angle_log,
 )
-from acl_fairseq.acl_grad_math import ContrastiveGradientBuffer, decide, gradient_angle
+from acl_fairseq.acl_grad.angles import ContrastiveGradientBuffer, decide, gradient_angle
 from acl_fairseq.tasks.acl_sentence_prediction import (
     AclSentencePredictionConfig,
     AclSentencePredictionTask,
@@ -225,7 +225,7 @@ def test_angle_log_file(tmp_path):
 
 
 def test_one_decision_per_update_with_update_freq(tmp_path, monkeypatch):
-    import acl_fairseq.acl_grad as unit
+    import acl_fairseq.acl_grad.step as unit
 
     decisions = []
     monkeypatch.setattr(unit, "decide", lambda *a: decisions.append(a) or decide(*a))

@@ -1,4 +1,4 @@
-"""ACL-Grad as one unit: its flags, the task/criterion contract, the training step, the log.
+"""ACL-Grad in fairseq's training loop: its flags, the task/criterion contract, the step.
 
 ACL-Grad drops the contrastive term of an optimizer update when its gradient conflicts with
 the CE gradient: when the angle between the two exceeds ``--acl-grad-threshold`` degrees.
@@ -29,10 +29,10 @@ micro-batch rather than per update, and agrees with the exact decision only as f
 heads' gradients represent the encoder's (``benchmarks/acl_grad_agreement.py``). With the
 exact scope the log's fourth column gives that heads-only angle of the same update.
 ``--acl-grad-scope top:K`` does the same on the heads plus the top K encoder layers
-(``acl_grad_scope.py``; ``top:0`` is ``head``): autograd walks only the graph above layer
+(``scope.py``; ``top:0`` is ``head``): autograd walks only the graph above layer
 ``L - K``, so K trades cost for agreement.
 
-The angle log (``--acl-grad-log FILE``, one line per decision) is ``acl_grad_log.py``.
+The angle log (``--acl-grad-log FILE``, one line per decision) is ``angle_log.py``.
 """
 
 import argparse
@@ -48,9 +48,9 @@ from fairseq.logging import metrics
 from fairseq.optim.amp_optimizer import AMPOptimizer
 from torch import Tensor, nn
 
-from .acl_grad_log import AngleRecord, append_angle_record, read_angle_log
-from .acl_grad_math import ContrastiveGradientBuffer, Decision, decide, gradient_angle
-from .acl_grad_scope import (
+from .angle_log import AngleRecord, append_angle_record, read_angle_log
+from .angles import ContrastiveGradientBuffer, Decision, decide, gradient_angle
+from .scope import (
     check_k,
     check_scope_fits,
     encoder_layer_count,
