@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# a sibling file: run as a script, this folder is on the import path
+from early_exit_overhead import loop_cost, single_rows  # noqa: E402
 from torch import Tensor
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
 from acl_fairseq.cli import bert_state as cv
 from acl_fairseq.cli import sweep as ees
 from acl_fairseq.exit_policies import EntropyPolicy, softmax_entropy
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from early_exit_overhead import loop_cost, single_rows  # noqa: E402
 
 HEAD = "sentence_classification_head"
 GOAL_THROUGHPUT_RATIO = 1.0
