@@ -105,11 +105,9 @@ def convert_model(hf_dir: Path, work: Path) -> Path:
     return out
 
 
-def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int) -> Path:
-    """Polarity = sign of the score; zero-score sentences are left out. TSVs text<TAB>label."""
-    step("3/7 split, tokenize (WordPiece) and binarize the sentences")
-    raw = work / "raw" / f"{n_train}-{n_dev}-{n_test}"
-    raw.mkdir(parents=True, exist_ok=True)
+def polarity_rows(snippets: Path) -> list[tuple[str, str]]:
+    """(text, label) of every sentence of the snippets file (``id<TAB>score<TAB>text``), in a
+    fixed shuffled order: polarity = sign of the score; zero-score sentences are left out."""
     rows = []
     for line in snippets.read_text(encoding="utf-8", errors="replace").splitlines():
         parts = line.split("\t")
@@ -119,6 +117,15 @@ def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int
         if score != 0:
             rows.append((parts[2].strip(), "positive" if score > 0 else "negative"))
     random.Random(0).shuffle(rows)
+    return rows
+
+
+def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int) -> Path:
+    """The first sentences of :func:`polarity_rows` as train / dev / test TSVs text<TAB>label."""
+    step("3/7 split, tokenize (WordPiece) and binarize the sentences")
+    raw = work / "raw" / f"{n_train}-{n_dev}-{n_test}"
+    raw.mkdir(parents=True, exist_ok=True)
+    rows = polarity_rows(snippets)
     if n_train + n_dev + n_test > len(rows):
         raise SystemExit(f"asked for {n_train + n_dev + n_test} sentences, {len(rows)} available")
     splits = {

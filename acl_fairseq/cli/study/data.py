@@ -37,16 +37,7 @@ FEWSHOT_SEEDS = (1, 2, 3, 4, 5)
 
 def movie_rows(snippets: Path) -> list[tuple[str, str]]:
     """(text, label) of every non-zero-score sentence, in the demo's shuffled order."""
-    rows = []
-    for line in snippets.read_text(encoding="utf-8", errors="replace").splitlines():
-        parts = line.split("\t")
-        if len(parts) < 3 or not parts[2].strip():
-            continue
-        score = float(parts[1])
-        if score != 0:
-            rows.append((parts[2].strip(), "positive" if score > 0 else "negative"))
-    random.Random(0).shuffle(rows)
-    return rows
+    return demo.polarity_rows(snippets)
 
 
 def movie_splits(rows: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
