@@ -48,7 +48,7 @@ from fairseq.logging import metrics
 from fairseq.optim.amp_optimizer import AMPOptimizer
 from torch import Tensor, nn
 
-from .angle_log import AngleRecord, append_angle_record, read_angle_log
+from .angle_log import AngleRecord, append_angle_record
 from .angles import ContrastiveGradientBuffer, Decision, decide, gradient_angle
 from .scope import (
     check_k,
@@ -59,23 +59,6 @@ from .scope import (
     parse_scope,
     scope_indices,
 )
-
-__all__ = [
-    "AclGrad",
-    "AclGradConfig",
-    "AclGradCriterion",
-    "AclGradLogConfig",
-    "AclGradOptimizer",
-    "AclGradSettings",
-    "AclGradTask",
-    "AngleRecord",
-    "LossTerms",
-    "acl_grad_switch",
-    "add_acl_grad_switch",
-    "append_angle_record",
-    "read_angle_log",
-]
-
 
 # ----------------------------------------------------------------------------- flags
 _SWITCH_HELP = (
