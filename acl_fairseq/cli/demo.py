@@ -141,23 +141,29 @@ def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int
 
 
 def prepare(raw: Path, model_dir: Path, work: Path) -> Path:
-    name = f"rt-{raw.name}"  # one binarized copy per split sizes
-    data = work / "data" / f"{name}-bin"
+    return prepare_tsv(raw, f"rt-{raw.name}", model_dir, work / "data")  # one copy per sizes
+
+
+def prepare_tsv(raw: Path, name: str, model_dir: Path, out: Path, text_columns: str = "1") -> Path:
+    """Binarizes ``raw/{train,dev,test}.tsv`` (text columns, then the label) with the
+    converted BERT's WordPiece tokenizer and dictionary into ``out/NAME-bin`` (kept if there)."""
+    data = out / f"{name}-bin"
     if (data / "label" / "dict.txt").exists():
         return data
     from acl_fairseq.cli.prepare.cli import main as prepare_main
 
     code = prepare_main(
         [
-            "--task", "custom", "--name", name, "--out-dir", str(work / "data"),
+            "--task", "custom", "--name", name, "--out-dir", str(out),
             "--train", str(raw / "train.tsv"), "--valid", str(raw / "dev.tsv"),
-            "--test", str(raw / "test.tsv"), "--text-columns", "1", "--label-column", "2",
+            "--test", str(raw / "test.tsv"), "--text-columns", text_columns,
+            "--label-column", str(len(text_columns.split(",")) + 1),
             "--tokenizer", "wordpiece", "--vocab", str(model_dir / "tokenizer.json"),
             "--srcdict", str(model_dir / "dict.txt"), "--workers", "2",
         ]
     )  # fmt: skip
     if code:
-        raise SystemExit(f"data preparation failed ({code})")
+        raise SystemExit(f"data preparation of {name} failed ({code})")
     return data
 
 

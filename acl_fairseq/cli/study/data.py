@@ -27,7 +27,6 @@ from pathlib import Path
 
 from acl_fairseq.cli import demo
 from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
-from acl_fairseq.cli.prepare.cli import main as prepare_main
 
 DEMO_TRAIN, DEV, TEST = 1600, 600, 2000
 PAIR_SPLITS = {"train": (0, 6000), "dev": (6000, 7000), "test": (7000, 10000)}
@@ -73,25 +72,6 @@ def write_tsv(path: Path, rows: list[tuple[str, ...]]) -> None:
             f.write("\t".join(row) + "\n")
 
 
-def binarize(raw: Path, name: str, model_dir: Path, out: Path, text_columns: str) -> Path:
-    data = out / f"{name}-bin"
-    if (data / "label" / "dict.txt").exists():
-        return data
-    code = prepare_main(
-        [
-            "--task", "custom", "--name", name, "--out-dir", str(out),
-            "--train", str(raw / "train.tsv"), "--valid", str(raw / "dev.tsv"),
-            "--test", str(raw / "test.tsv"), "--text-columns", text_columns,
-            "--label-column", str(len(text_columns.split(",")) + 1),
-            "--tokenizer", "wordpiece", "--vocab", str(model_dir / "tokenizer.json"),
-            "--srcdict", str(model_dir / "dict.txt"), "--workers", "2",
-        ]
-    )  # fmt: skip
-    if code:
-        raise SystemExit(f"data preparation of {name} failed ({code})")
-    return data
-
-
 def pair_splits(tsv: Path) -> dict[str, list[tuple[str, str, str]]]:
     lines = tsv.read_text(encoding="utf-8").split("\n")
     if lines[0].split("\t")[:3] != ["evidence", "claim", "label"]:
@@ -124,13 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     for split, rows in movie.items():
         write_tsv(raw / f"{split}.tsv", rows)
     print({k: len(v) for k, v in movie.items()})
-    binarize(raw, "movie", model_dir, data, "1")
+    demo.prepare_tsv(raw, "movie", model_dir, data)
 
     if args.pair_tsv:
         raw = work / "raw" / "pair"
         for split, rows in pair_splits(args.pair_tsv).items():
             write_tsv(raw / f"{split}.tsv", rows)
-        binarize(raw, "pair", model_dir, data, "1,2")
+        demo.prepare_tsv(raw, "pair", model_dir, data, "1,2")
 
     if not args.no_fewshot:
         for k in FEWSHOT_SIZES:
@@ -140,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_tsv(raw / "train.tsv", fewshot_train(movie["train"], k, seed))
                 for split in ("dev", "test"):
                     shutil.copyfile(work / "raw" / "movie" / f"{split}.tsv", raw / f"{split}.tsv")
-                binarize(raw, name, model_dir, data, "1")
+                demo.prepare_tsv(raw, name, model_dir, data)
     print(f"data in {data}")
     return 0
 
