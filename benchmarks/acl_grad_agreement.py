@@ -21,47 +21,24 @@ how many each would drop, and the Pearson correlation of the two angles::
 """
 
 import argparse
-import math
 import shlex
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from acl_fairseq.acl_grad import AngleRecord, read_angle_log
+from acl_fairseq.acl_grad import read_angle_log, scope_agreement
 
 THRESHOLDS = (60.0, 75.0, 90.0)
 
 
-def scope_angles(records: list[AngleRecord]) -> dict[str, list[tuple[float, float]]] | None:
-    """Per scope (``head``, ``top:K``), (exact angle, scope angle) per update of an
-    exact-scope ``--acl-grad-log``; None when the log has no heads-only angle (an older
-    version). A ``top:K`` is there when every record has its column."""
-    if not records or any(math.isnan(r.head_angle) for r in records):
-        return None
-    scopes = {"head": [(r.angle, r.head_angle) for r in records]}
-    common = set.intersection(*(set(dict(r.top_angles)) for r in records))
-    for k in sorted(common):
-        scopes[f"top:{k}"] = [(r.angle, dict(r.top_angles)[k]) for r in records]
-    return scopes
-
-
-def agreement_rows(name: str, scope: str, pairs: list[tuple[float, float]]) -> list[str]:
-    """Markdown table rows: one per threshold."""
-    exact = [e for e, _ in pairs]
-    approx = [h for _, h in pairs]
-    r = statistics.correlation(exact, approx) if len(pairs) > 2 else float("nan")
-    out = []
-    for t in THRESHOLDS:
-        drop_exact = sum(e > t for e in exact)
-        drop_approx = sum(h > t for h in approx)
-        agree = sum((e > t) == (h > t) for e, h in pairs)
-        out.append(
-            f"| {name} | {scope} | {len(pairs)} | {statistics.fmean(exact):.1f} | "
-            f"{statistics.fmean(approx):.1f} | {r:.2f} | {t:.0f}° | {drop_exact} | "
-            f"{drop_approx} | {100.0 * agree / len(pairs):.1f}% |"
-        )
-    return out
+def table_rows(name: str, records: list) -> list[str]:
+    """Markdown table rows: one per scope and threshold."""
+    return [
+        f"| {name} | {a.scope} | {a.updates} | {a.mean_exact:.1f} | {a.mean_scope:.1f} | "
+        f"{a.pearson_r:.2f} | {a.threshold:.0f}° | {a.exact_drops} | {a.scope_drops} | "
+        f"{100.0 * a.agree:.1f}% |"
+        for a in scope_agreement(records, THRESHOLDS)
+    ]
 
 
 def main() -> None:
@@ -113,13 +90,11 @@ def main() -> None:
         raise SystemExit(f"no runs/*/angles.tsv under {out}")
     skipped = []
     for log in logs:
-        scopes = scope_angles(read_angle_log(log))
-        if not scopes:
+        rows = table_rows(log.parent.name, read_angle_log(log))
+        if not rows:
             skipped.append(log.parent.name)
-            continue
-        for scope, pairs in scopes.items():
-            for row in agreement_rows(log.parent.name, scope, pairs):
-                print(row)
+        for row in rows:
+            print(row)
     if skipped:
         print(f"\nskipped (no heads-only angle column; re-run with --force): {', '.join(skipped)}")
     if len(skipped) == len(logs):

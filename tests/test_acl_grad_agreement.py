@@ -86,3 +86,21 @@ def test_top_k_columns_give_one_block_per_k(tmp_path):
     top2 = [c for c in cells if c[1] == "top:2"][0]
     assert float(top2[5]) == pytest.approx(r2, abs=0.005)
     assert top2[3:5] == ["76.7", "76.3"]
+
+
+def test_scope_agreement_per_scope_and_threshold():
+    from acl_fairseq.acl_grad import AngleRecord, scope_agreement
+
+    # exact, head, top:1 angles of four updates
+    rows = [(50.0, 55.0, 52.0), (70.0, 80.0, 74.0), (95.0, 85.0, 96.0), (100.0, 120.0, 99.0)]
+    records = [AngleRecord(i, e, True, h, ((1, t),)) for i, (e, h, t) in enumerate(rows)]
+    result = {(a.scope, a.threshold): a for a in scope_agreement(records, (75.0, 90.0))}
+    assert set(result) == {(s, t) for s in ("head", "top:1") for t in (75.0, 90.0)}
+    head75, top75 = result["head", 75.0], result["top:1", 75.0]
+    assert (head75.exact_drops, head75.scope_drops, head75.agree) == (2, 3, 0.75)
+    assert (top75.exact_drops, top75.scope_drops, top75.agree) == (2, 2, 1.0)
+    exact = [r[0] for r in rows]
+    assert top75.pearson_r == pytest.approx(numpy.corrcoef(exact, [r[2] for r in rows])[0, 1])
+    assert top75.mean_scope == pytest.approx(numpy.mean([r[2] for r in rows]))
+    # an older log without the heads-only angle gives no rows
+    assert scope_agreement([AngleRecord(0, 50.0, True, float("nan"))]) == []

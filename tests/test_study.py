@@ -144,6 +144,12 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
     assert angles["early"]["mean_angle"] == "60.0" and angles["late"]["updates"] == "2"
     assert float(angles["all"]["pct_over_90"]) == pytest.approx(100 * 2 / 6, abs=0.1)
     assert angles["middle"]["dropped"] == "2" and angles["all"]["dropped"] == "2"
+    with open(docs / "agreement.csv") as f:
+        agreement = {(r["scope"], r["threshold"]): r for r in csv.DictReader(f)}
+    # the log's heads-only angle is 0: the head scope never drops, the exact one 2 of 6 at 90
+    head90 = agreement[("head", "90")]
+    assert (head90["exact_drops"], head90["scope_drops"]) == ("2", "0")
+    assert float(head90["pct_agree"]) == pytest.approx(100 * 4 / 6, abs=0.1)
 
     log = (docs / "runs" / "movie" / "main" / "ce-seed1" / "train.log").read_text()
     assert "<work>/runs/movie/main/private/path" in log and str(work) not in log

@@ -11,7 +11,14 @@ the CE gradient (the angle between the two exceeds ``--acl-grad-threshold`` degr
 - :mod:`.angle_log`: the ``--acl-grad-log`` file, its one writer and reader.
 """
 
-from .angle_log import AngleRecord, append_angle_record, read_angle_log
+from .angle_log import (
+    AngleRecord,
+    ScopeAgreement,
+    append_angle_record,
+    read_angle_log,
+    scope_agreement,
+    scope_angles,
+)
 from .step import (
     AclGrad,
     AclGradConfig,
@@ -34,9 +41,12 @@ __all__ = [
     "AclGradSettings",
     "AclGradTask",
     "AngleRecord",
+    "ScopeAgreement",
     "LossTerms",
     "acl_grad_switch",
     "add_acl_grad_switch",
     "append_angle_record",
     "read_angle_log",
+    "scope_agreement",
+    "scope_angles",
 ]

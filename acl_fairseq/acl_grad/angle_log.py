@@ -6,12 +6,24 @@ classification heads' parameters alone), then, with ``--acl-grad-log-top-k``, on
 column per K (the same angle on the heads plus the top K encoder layers). Files of older
 versions (3 or 4 columns) still read: a missing ``head_angle`` is nan, missing ``K:angle``
 columns an empty ``top_angles``.
+
+:func:`scope_agreement` reads an exact-scope log as the evidence for the cheap scopes: how
+often the ``head`` and ``top:K`` angles of the same updates lead to the same decision.
 """
 
+import math
+import statistics
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["AngleRecord", "append_angle_record", "read_angle_log"]
+__all__ = [
+    "AngleRecord",
+    "ScopeAgreement",
+    "append_angle_record",
+    "read_angle_log",
+    "scope_agreement",
+    "scope_angles",
+]
 
 
 class AngleRecord(NamedTuple):
@@ -55,3 +67,59 @@ def read_angle_log(path: str | Path) -> list[AngleRecord]:
         return []
     lines = path.read_text(encoding="utf-8").splitlines()
     return [AngleRecord.from_line(line) for line in lines if line.strip()]
+
+
+class ScopeAgreement(NamedTuple):
+    """How a cheap scope's decision compares with the exact one at one threshold, over the
+    records of one exact-scope log."""
+
+    scope: str  # "head" or "top:K"
+    threshold: float  # degrees
+    updates: int
+    mean_exact: float
+    mean_scope: float
+    pearson_r: float  # of the exact and the scope angle (nan: < 3 updates or a constant one)
+    exact_drops: int
+    scope_drops: int
+    agree: float  # fraction of updates on which both decide the same
+
+
+def scope_angles(records: list[AngleRecord]) -> dict[str, list[tuple[float, float]]]:
+    """Per cheap scope (``head``, ``top:K``), (exact angle, scope angle) of every record of an
+    exact-scope log; empty when the log has no heads-only angle (an older version). A
+    ``top:K`` is there when every record has its column."""
+    if not records or any(math.isnan(r.head_angle) for r in records):
+        return {}
+    scopes = {"head": [(r.angle, r.head_angle) for r in records]}
+    common = set.intersection(*(set(dict(r.top_angles)) for r in records))
+    for k in sorted(common):
+        scopes[f"top:{k}"] = [(r.angle, dict(r.top_angles)[k]) for r in records]
+    return scopes
+
+
+def scope_agreement(
+    records: list[AngleRecord], thresholds: tuple[float, ...] = (60.0, 75.0, 90.0)
+) -> list[ScopeAgreement]:
+    """One :class:`ScopeAgreement` per scope of :func:`scope_angles` and threshold (a term is
+    dropped when its angle exceeds the threshold)."""
+    rows = []
+    for scope, pairs in scope_angles(records).items():
+        exact = [e for e, _ in pairs]
+        approx = [a for _, a in pairs]
+        r = _pearson(exact, approx)
+        for t in thresholds:
+            agree = sum((e > t) == (a > t) for e, a in pairs) / len(pairs)
+            rows.append(
+                ScopeAgreement(
+                    scope, t, len(pairs), statistics.fmean(exact), statistics.fmean(approx), r,
+                    sum(e > t for e in exact), sum(a > t for a in approx), agree,
+                )
+            )  # fmt: skip
+    return rows
+
+
+def _pearson(x: list[float], y: list[float]) -> float:
+    try:
+        return statistics.correlation(x, y) if len(x) > 2 else math.nan
+    except statistics.StatisticsError:  # a constant series
+        return math.nan

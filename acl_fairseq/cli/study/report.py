@@ -10,6 +10,9 @@ Reads every finished run under ``WORK/runs`` and writes to ``--out`` (default do
                   exit), per seed, mean, std and a paired t-test over seeds
   angles.csv      the CE/contrastive gradient angle over training by thirds (early, middle,
                   late): mean, share above 60/75/90 degrees, updates ACL-Grad dropped
+  agreement.csv   per exact ACL-Grad run that logged them, the cheap scopes (head, top:K)
+                  against the exact decision at 60/75/90 degrees: decisions that agree,
+                  Pearson r of the angles (what --acl-grad-scope would have decided)
   figures/        dev_curves, lambda, fewshot (PNG + CSV)
   runs/           each run's small files (test.json, run.json, command.txt, train.log,
                   angles.tsv), with the work folder written as <work>
@@ -33,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from acl_fairseq.acl_grad import read_angle_log
+from acl_fairseq.acl_grad import read_angle_log, scope_agreement
 from acl_fairseq.cli.compare.plan import METRIC_RE, count_examples, flag_value
 from acl_fairseq.cli.fairseq_log import log_records
 from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
@@ -225,6 +228,23 @@ def angle_rows(records: list[dict]) -> list[list[Any]]:
     return rows
 
 
+def agreement_rows(records: list[dict]) -> list[list[Any]]:
+    rows = []
+    seen = set()
+    for r in records:
+        path = r["angles"]
+        if not path.exists() or path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        for a in scope_agreement(read_angle_log(path)):
+            rows.append([
+                r["study"], r["folder"], r["run"], r["method"], r["variant"], a.scope,
+                f"{a.threshold:g}", a.updates, round(a.mean_exact, 2), round(a.mean_scope, 2),
+                round(a.pearson_r, 3), a.exact_drops, a.scope_drops, round(100.0 * a.agree, 1),
+            ])  # fmt: skip
+    return rows
+
+
 def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="") as f:
@@ -365,6 +385,7 @@ def markdown(out: Path) -> str:
         ("summary.csv", "Every comparison (mean, sample std over seeds)"),
         ("paired.csv", "Paired differences on test (per seed, and a paired t-test)"),
         ("angles.csv", "CE / contrastive gradient angles by thirds of training"),
+        ("agreement.csv", "Cheap ACL-Grad scopes against the exact decision"),
     ):
         path = out / name
         if not path.exists():
@@ -406,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(out / "angles.csv", ["study", "folder", "run", "method", "variant", "part",
               "updates", "mean_angle", "pct_over_60", "pct_over_75", "pct_over_90",
               "dropped"], angle_rows(records))  # fmt: skip
+    write_csv(out / "agreement.csv", ["study", "folder", "run", "method", "variant", "scope",
+              "threshold", "updates", "mean_exact_angle", "mean_scope_angle", "pearson_r",
+              "exact_drops", "scope_drops", "pct_agree"], agreement_rows(records))  # fmt: skip
     if (work / "runs").exists():
         for choices in sorted((work / "runs").glob("*/choices.json")):
             dest = out / "choices" / f"{choices.parent.name}.json"
