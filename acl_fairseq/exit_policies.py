@@ -25,6 +25,11 @@ Policies:
   0 when the prediction changes); exit when the counter reaches ``patience``. Patience ``t``
   exits at the ``(t+1)``-th exit at the earliest; patience 0 exits at the first exit.
 
+For a single running row the loop calls ``decide_row`` instead (one host sync, a scalar
+decision; the same decision as ``decide``): entropy and maxprob compute the softmax of the
+row's logits in Python (float64) and fall back to ``decide`` when the value lies within a
+guard band around the threshold, where float32 rounding could flip the comparison.
+
 ``parse_policy("entropy:0.3" | "maxprob:0.9" | "patience:2")`` builds one from a string.
 """
 
@@ -33,6 +38,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -66,6 +72,27 @@ def softmax_entropy(logits: Tensor) -> Tensor:
     return -plogp.sum(dim=-1)
 
 
+def _host_softmax(values: list[float]) -> tuple[float, list[float], float] | None:
+    """``(max, exp(v - max) per class, their sum)`` of one row's logits in float64, or None
+    when a logit is not finite (the caller then decides in torch)."""
+    if not all(math.isfinite(v) for v in values):
+        return None
+    top = max(values)
+    exps = [math.exp(v - top) for v in values]
+    return top, exps, sum(exps)
+
+
+def _near(value: float, threshold: float, num_classes: int) -> bool:
+    """True when float32 rounding of ``value`` (an entropy or a probability computed in
+    float64 here, in float32 by ``decide``) or of ``threshold`` could flip a comparison.
+
+    The float32 error of the softmax entropy is below ``~1e-7 * (1 + log K)^2``; the band is
+    100 times wider, and ``1e-5`` absolute covers thresholds that round to 0 in float32.
+    """
+    band = 1e-5 * (1.0 + math.log(max(num_classes, 1))) ** 2 + 1e-5 * abs(threshold)
+    return abs(value - threshold) <= band
+
+
 def _check_logits(logits: Tensor) -> None:
     if logits.dim() != 2:
         raise ValueError(f"logits must be B x K, got shape {tuple(logits.shape)}")
@@ -82,6 +109,19 @@ class ExitPolicy(ABC):
         """True when no row can leave at any of ``num_shallow_exits`` shallow exits, whatever
         the logits (the loop then runs the plain full-depth forward)."""
         return num_shallow_exits == 0
+
+    def init_row_state(self, device: torch.device | str | None = None) -> Any:
+        """Initial state of a single row for ``decide_row`` (opaque to the caller)."""
+        return self.init_state(1, device)
+
+    def decide_row(self, logits: Tensor, state: Any) -> tuple[bool, Any]:
+        """``decide`` for a single row: 1 x K logits -> ``(leaves now, new row state)``.
+
+        One host sync. The default runs ``decide`` on the 1-row state of ``init_row_state``;
+        the built-in policies decide on the host (see the module docstring).
+        """
+        exit_mask, state = self.decide(logits, state)
+        return bool(exit_mask[0]), state
 
     @abstractmethod
     def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
@@ -120,6 +160,19 @@ class EntropyPolicy(ExitPolicy):
         _check_logits(logits)
         return softmax_entropy(logits) < self.threshold, state
 
+    def decide_row(self, logits: Tensor, state: Any) -> tuple[bool, Any]:
+        """Entropy ``log s - sum(e * (v - max)) / s`` in float64 (``e = exp(v - max)``,
+        ``s = sum(e)``); ``decide`` when it is near the threshold or a logit is not finite."""
+        values = logits[0].tolist()
+        soft = _host_softmax(values)
+        if soft is not None:
+            top, exps, total = soft
+            spread = sum(e * (v - top) for e, v in zip(exps, values) if e > 0.0)
+            entropy = math.log(total) - spread / total
+            if not _near(entropy, self.threshold, len(values)):
+                return entropy < self.threshold, state
+        return super().decide_row(logits, state)
+
 
 @dataclass(frozen=True)
 class MaxProbPolicy(ExitPolicy):
@@ -145,6 +198,17 @@ class MaxProbPolicy(ExitPolicy):
         _check_logits(logits)
         max_prob = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
         return max_prob >= self.threshold, state
+
+    def decide_row(self, logits: Tensor, state: Any) -> tuple[bool, Any]:
+        """Largest probability ``1 / sum(exp(v - max))`` in float64; ``decide`` when it is
+        near the threshold or a logit is not finite."""
+        values = logits[0].tolist()
+        soft = _host_softmax(values)
+        if soft is not None:
+            max_prob = 1.0 / soft[2]
+            if not _near(max_prob, self.threshold, len(values)):
+                return max_prob >= self.threshold, state
+        return super().decide_row(logits, state)
 
 
 @dataclass(frozen=True)
@@ -181,6 +245,22 @@ class PatiencePolicy(ExitPolicy):
         same = pred.eq(state["prev_pred"])
         counter = torch.where(same, state["counter"] + 1, torch.zeros_like(state["counter"]))
         return counter >= self.patience, {"counter": counter, "prev_pred": pred}
+
+    def init_row_state(self, device: torch.device | str | None = None) -> tuple[int, int]:
+        """``(counter, prev_pred)`` of one row, as Python ints."""
+        return 0, -1
+
+    def decide_row(self, logits: Tensor, state: tuple[int, int]) -> tuple[bool, tuple[int, int]]:
+        """The counter update of ``decide`` on the host: argmax of the row's logits (the first
+        maximum, as ``torch.argmax``; a NaN row asks torch)."""
+        values = logits[0].tolist()
+        if any(v != v for v in values):  # NaN: torch.argmax's rule
+            pred = int(logits[0].argmax())
+        else:
+            pred = max(range(len(values)), key=values.__getitem__)
+        counter, prev_pred = state
+        counter = counter + 1 if pred == prev_pred else 0
+        return counter >= self.patience, (counter, pred)
 
 
 _POLICY_SYNTAX = '"entropy:<threshold>", "maxprob:<threshold>" or "patience:<int>"'

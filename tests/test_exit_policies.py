@@ -207,3 +207,86 @@ def test_never_exits_is_exact(policy, shallow, never):
         for _ in range(shallow):
             exit_mask, state = policy.decide(logits, state)
             assert not exit_mask.any()
+
+
+# --------------------------------------------------------- single-row decisions (decide_row)
+
+
+def _rows_for_decide_row() -> torch.Tensor:
+    """Hand-made rows (ties, certain, -inf, huge margins) and random ones of every scale."""
+    gen = torch.Generator().manual_seed(3)
+    special = torch.tensor(
+        [
+            [0.0, 0.0, 0.0],
+            [200.0, 0.0, 0.0],  # float32 entropy exactly 0
+            [17.0, 0.0, 0.0],  # float32 entropy tiny but > 0
+            [5.0, 5.0, float("-inf")],
+            [1e-8, 0.0, -1e-8],
+        ]
+    )
+    scales = torch.tensor([1e-3, 0.1, 1.0, 5.0, 30.0]).repeat_interleave(200).unsqueeze(1)
+    return torch.cat([special, scales * torch.randn(1000, 3, generator=gen)])
+
+
+def _thresholds_at(values: torch.Tensor) -> list[float]:
+    """Thresholds on, just below and just above float32 values (the guard band's job)."""
+    out = []
+    for v in values[:40].tolist():
+        out += [v, math.nextafter(v, -math.inf), math.nextafter(v, math.inf), v + 1e-7]
+    return [t for t in out if t >= 0]
+
+
+def test_decide_row_equals_decide_for_entropy_and_maxprob():
+    rows = _rows_for_decide_row()
+    entropies, max_probs = softmax_entropy(rows), torch.softmax(rows, -1).amax(-1)
+    policies = [EntropyPolicy(t) for t in [0.0, 1e-30, 1e-6, 0.3, 0.69, 1.0, math.inf]]
+    policies += [EntropyPolicy(t) for t in _thresholds_at(entropies)]
+    policies += [MaxProbPolicy(t) for t in [0.0, 0.34, 0.5, 0.9, 0.999, 1.0]]
+    policies += [MaxProbPolicy(min(t, 1.0)) for t in _thresholds_at(max_probs)]
+    for policy in policies:
+        expected = policy.decide(rows, {})[0].tolist()
+        got = [policy.decide_row(row.unsqueeze(0), policy.init_row_state())[0] for row in rows]
+        assert got == expected, policy
+
+
+def test_decide_row_falls_back_on_non_finite_and_half_logits():
+    rows = torch.tensor([[float("nan"), 0.0], [float("inf"), 0.0], [0.0, float("-inf")]])
+    for policy in (EntropyPolicy(0.5), MaxProbPolicy(0.7)):
+        for row in rows:
+            leaves, _ = policy.decide_row(row.unsqueeze(0), policy.init_row_state())
+            assert leaves == bool(policy.decide(row.unsqueeze(0), {})[0][0])
+    half = LOGITS[1:2].half()
+    assert MaxProbPolicy(0.79).decide_row(half, {})[0] is True
+
+
+def test_patience_decide_row_follows_the_batched_counter():
+    policy = PatiencePolicy(2)
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(50):
+        logits = torch.randint(0, 2, (6, 1, 3), generator=gen).float()  # many ties
+        state, row_state = policy.init_state(1), policy.init_row_state()
+        for exit_logits in logits:
+            mask, state = policy.decide(exit_logits, state)
+            leaves, row_state = policy.decide_row(exit_logits, row_state)
+            assert leaves == bool(mask[0])
+            assert row_state == (int(state["counter"][0]), int(state["prev_pred"][0]))
+    nan_row = torch.tensor([[0.0, float("nan"), 1.0]])
+    assert policy.decide_row(nan_row, (1, 1)) == (True, (2, 1))  # argmax of a NaN row: the NaN
+
+
+def test_default_decide_row_runs_decide_on_a_one_row_state():
+    class EveryOther(ExitPolicy):
+        """Stateful, batched only: exits at its second call."""
+
+        def init_state(self, batch_size, device=None):
+            return {"calls": torch.zeros(batch_size, dtype=torch.long, device=device)}
+
+        def decide(self, logits, state):
+            calls = state["calls"] + 1
+            return calls >= 2, {"calls": calls}
+
+    policy = EveryOther()
+    state = policy.init_row_state()
+    assert policy.decide_row(torch.zeros(1, 2), state)[0] is False
+    _, state = policy.decide_row(torch.zeros(1, 2), state)
+    assert policy.decide_row(torch.zeros(1, 2), state)[0] is True

@@ -278,6 +278,37 @@ def test_batched_early_exit_equals_per_example_mean_pooling_and_prenorm(setup, d
         assert torch.allclose(exits[result.exit_layers[i].item()][i], result.logits[i], atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--exit-pooling", "mean"], ["--encoder-normalize-before", "--exit-pooling", "mean"]],
+)
+def test_single_row_path_equals_exit_outputs_bit_for_bit(setup, data_dir, extra):
+    """Batch 1 without padding takes ``_run_single_row`` (host decisions, no row bookkeeping):
+    its logits are exactly the exit's, and a padded copy of the row (general path) agrees."""
+    _, task = setup
+    model, _ = _build(data_dir, task, extra=extra)
+    tokens, rows = _batch(task, LENGTHS)
+    policies = _policies(model, tokens)
+    pad = task.source_dictionary.pad()
+    for name, policy in [*policies.items(), ("nobody leaves", EntropyPolicy(1e-30))]:
+        layers = set()
+        for row in rows:
+            alone = model.early_exit(row.unsqueeze(0), policy)
+            layer = alone.exit_layers.item()
+            layers.add(layer)
+            exits = {o.layer: o.logits for o in model.exit_outputs(row.unsqueeze(0))}
+            assert torch.equal(alone.logits, exits[layer]), (name, row)
+            assert torch.equal(alone.predictions, exits[layer].argmax(-1))
+            padded = torch.cat([row, torch.full((3,), pad, dtype=row.dtype)]).unsqueeze(0)
+            general = model.early_exit(padded, policy)
+            assert general.exit_layers.item() == layer, (name, row)
+            assert torch.allclose(general.logits, alone.logits, atol=1e-5)
+        if name != "nobody leaves":
+            assert len(layers) >= 2, (name, layers)  # not vacuous
+        else:
+            assert layers == {4}
+
+
 def test_prenorm_exits_use_the_final_layer_norm(setup, data_dir):
     _, task = setup
     model, _ = _build(data_dir, task, extra=["--encoder-normalize-before"])

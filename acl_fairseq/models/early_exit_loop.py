@@ -7,12 +7,18 @@ It mirrors ``TransformerEncoder.forward`` layer by layer and keeps the work per 
   the plain full-depth forward: no exit head is evaluated;
 * at a shallow exit with ``first`` pooling only the first position is layer-normed and fed to
   the head (the same numbers as normalising every position and pooling afterwards);
-* one host sync per shallow exit (how many rows stay and, with padding, the new width), and
-  nothing else: the kept rows are found with a stable sort of the exit mask (no ``nonzero``),
+* one host sync per shallow exit (does any row leave?) and, only where some row leaves, a
+  second one (how many rows stay and, with padding, the new width), and nothing else: the
+  kept rows are found with a stable sort of the exit mask (no ``nonzero``),
   the leaving rows' logits are written with ``index_copy_`` on the running rows (rows that
   stay are overwritten at their own exit later), and the batch is compacted only when some
   row leaves;
-* the padding bookkeeping uses per-row lengths computed once (no padding mask recomputed).
+* the padding bookkeeping uses per-row lengths computed once (no padding mask recomputed),
+  and ``mean`` pooling uses weights computed once (``_MeanWeights``);
+* a single row without padding (batch 1) takes ``_run_single_row``: no row bookkeeping, the
+  policy decides on the host (``ExitPolicy.decide_row``: one ``tolist`` per exit) and the
+  loop stops at the row's exit. At batch 1 the per-exit cost is what remains: the head
+  (pooling, dense, activation, out_proj) and that one sync.
 
 Results equal the per-example and full-depth runs (the tests check both).
 """
@@ -30,20 +36,90 @@ from .types import EarlyExitResult
 __all__ = ["run_early_exit"]
 
 
-def _head_logits(model: Any, head: Any, x: Tensor, padding_mask: Tensor) -> Tensor:
+def _classify(head: Any, pooled: Tensor) -> Tensor:
+    """Logits (B x K) of ``head`` on pooled features (B x C): dense, activation, out_proj
+    (dropout is the identity in eval mode)."""
+    return head.out_proj(head.activation_fn(head.dense(pooled)))
+
+
+class _MeanWeights:
+    """What ``MultiExitClassificationHead.pool`` recomputes per call with ``mean`` pooling,
+    computed once: ``keep`` (B x T x 1 float, 1 at real tokens) and ``count`` (B x 1, real
+    tokens per row, at least 1). ``pool`` runs the head's ops on the same values (multiply,
+    sum over T, divide); without padding the multiply by 1 is skipped (exact: ``v * 1 = v``,
+    and the sum runs over the same memory layout, which the tests check bit for bit)."""
+
+    def __init__(self, padding_mask: Tensor, has_pads: bool) -> None:
+        self.keep = (~padding_mask).unsqueeze(-1).float()  # B x T x 1
+        self.count = self.keep.sum(dim=1).clamp(min=1.0)  # B x 1
+        self.has_pads = has_pads
+
+    def select(self, rows: Tensor, width: int) -> None:
+        """Keep ``rows`` (B' indices) and the first ``width`` positions."""
+        self.keep = self.keep.index_select(0, rows)[:, :width]
+        self.count = self.count.index_select(0, rows)
+
+    def pool(self, hidden: Tensor) -> Tensor:
+        """T x B x C hidden states -> B x C mean over the real tokens."""
+        dtype = hidden.dtype
+        if dtype != torch.float32:
+            hidden = hidden.float()
+        if self.has_pads:
+            summed = (hidden.transpose(0, 1) * self.keep).sum(dim=1)  # as the head: B x T x C
+        else:
+            summed = hidden.sum(dim=0)
+        pooled = summed / self.count
+        return pooled if dtype == torch.float32 else pooled.to(dtype)
+
+
+def _head_logits(model: Any, head: Any, x: Tensor, mean: _MeanWeights | None) -> Tensor:
     """Logits (B x K) of the exit ``head`` on the hidden states ``x`` (T x B x C) after a layer.
 
     With ``first`` pooling only ``x[0]`` goes through the final layer norm (per position, so
-    the same values); dropout is skipped (eval mode: the identity).
+    the same values); ``mean`` pooling uses the precomputed ``mean`` weights.
     """
     layer_norm = model.encoder.sentence_encoder.layer_norm
     if head.pooling == "first":
         pooled = x[0]  # B x C
         if layer_norm is not None:
             pooled = layer_norm(pooled)
-        return head.out_proj(head.activation_fn(head.dense(pooled)))
-    hidden = model._exit_hidden(x).transpose(0, 1)  # B x T x C
-    return head(hidden, padding_mask=padding_mask)
+        return _classify(head, pooled)
+    assert mean is not None, "mean pooling needs its weights"
+    return _classify(head, mean.pool(model._exit_hidden(x)))
+
+
+def _uses_mean(heads: dict[int, Any]) -> bool:
+    """True when some exit head pools with ``mean``."""
+    return any(head.pooling == "mean" for head in heads.values())
+
+
+def _run_single_row(
+    model: Any, x: Tensor, policy: ExitPolicy, heads: dict[int, Any]
+) -> EarlyExitResult:
+    """The loop for one row without padding, from its embedded tokens ``x`` (T x 1 x C).
+
+    No row bookkeeping: per exit the head runs, ``policy.decide_row`` decides with one host
+    sync, and the loop stops at the first exit the row takes.
+    """
+    encoder = model.encoder.sentence_encoder
+    no_pads = torch.zeros(1, x.size(0), dtype=torch.bool, device=x.device)
+    mean = _MeanWeights(no_pads, has_pads=False) if _uses_mean(heads) else None
+    state = policy.init_row_state(x.device)
+    num_layers = int(model.num_layers)
+    for layer_idx, layer in enumerate(encoder.layers, start=1):
+        out = layer(x, encoder_padding_mask=None)
+        x = out[0] if isinstance(out, tuple) and len(out) == 2 else out
+        head = heads.get(layer_idx)
+        if head is None:
+            continue
+        logits = _head_logits(model, head, x, mean)  # 1 x K
+        if layer_idx == num_layers:
+            break
+        leaves, state = policy.decide_row(logits, state)
+        if leaves:
+            break
+    exit_layer = torch.full((1,), layer_idx, dtype=torch.long, device=x.device)
+    return EarlyExitResult(logits.argmax(dim=-1), exit_layer, logits)
 
 
 def run_early_exit(
@@ -68,19 +144,21 @@ def run_early_exit(
 
     encoder = model.encoder.sentence_encoder
     padding_mask = model._padding_mask(src_tokens)  # B x T
-    nonpad = ~padding_mask
-    # per row: number of real tokens and 1 + position of the last one (for trimming)
-    counts = nonpad.sum(dim=1)
-    positions = torch.arange(1, src_tokens.size(1) + 1, device=device)
-    ends = (nonpad * positions).amax(dim=1) if src_tokens.size(1) > 0 else counts
     has_pads = bool(padding_mask.any())  # one host sync here
     x, _ = encoder.forward_embedding(src_tokens)  # B x T x C
     if has_pads:  # the encoder multiplies by 1 when there is no padding: skip that
         x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
     x = x.transpose(0, 1)  # T x B x C
+    if bsz == 1 and not has_pads:
+        return _run_single_row(model, x, policy, heads)
 
+    nonpad = ~padding_mask
+    # per row: number of real tokens and 1 + position of the last one (for trimming)
+    counts = nonpad.sum(dim=1)
+    positions = torch.arange(1, src_tokens.size(1) + 1, device=device)
+    ends = (nonpad * positions).amax(dim=1) if src_tokens.size(1) > 0 else counts
+    mean = _MeanWeights(padding_mask, has_pads) if _uses_mean(heads) else None
     rows = torch.arange(bsz, device=device)  # original index of each running row
-    running = bsz
     state = policy.init_state(bsz, device)
     exit_layers = torch.full((bsz,), num_layers, dtype=torch.long, device=device)
     all_logits: Tensor | None = None
@@ -90,7 +168,7 @@ def run_early_exit(
         x = out[0] if isinstance(out, tuple) and len(out) == 2 else out
         if layer_idx not in heads:
             continue
-        logits = _head_logits(model, heads[layer_idx], x, padding_mask)  # B' x K
+        logits = _head_logits(model, heads[layer_idx], x, mean)  # B' x K
         if all_logits is None:
             all_logits = logits.new_zeros(bsz, logits.size(-1))
         if layer_idx == num_layers:  # every running row exits at the last layer
@@ -98,6 +176,8 @@ def run_early_exit(
             exit_layers.index_fill_(0, rows, num_layers)
             break
         exit_mask, state = policy.decide(logits, state)
+        if not bool(exit_mask.any()):  # one host sync; nobody leaves here
+            continue
         stay = ~exit_mask
         if has_pads:  # kept rows, their widest end and fewest real tokens: one sync
             big = torch.iinfo(counts.dtype).max
@@ -111,14 +191,11 @@ def run_early_exit(
             kept, width, fewest = (int(v) for v in stats)
         else:
             kept = int(stay.sum())
-        if kept == running:  # nobody leaves here
-            continue
         all_logits.index_copy_(0, rows, logits)  # rows that stay are overwritten later
         exit_layers.index_fill_(0, rows, layer_idx)  # likewise
         if kept == 0:
             break
         keep = torch.sort(exit_mask.to(torch.uint8), stable=True).indices[:kept]
-        running = kept
         rows = rows.index_select(0, keep)
         x = x.index_select(1, keep)
         padding_mask = padding_mask.index_select(0, keep)
@@ -129,6 +206,8 @@ def run_early_exit(
             if width < padding_mask.size(1):
                 x, padding_mask = x[:width], padding_mask[:, :width]
             has_pads = fewest < width
+        if mean is not None:
+            mean.select(keep, x.size(0))
 
     assert all_logits is not None  # the last layer always has an exit
     predictions = all_logits.argmax(dim=-1)  # the stored logits: same argmax as at the exit
