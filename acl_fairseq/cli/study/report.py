@@ -32,11 +32,11 @@ import shutil
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from acl_fairseq.acl_grad import read_angle_log, scope_agreement
+from acl_fairseq.acl_grad import AngleRecord, read_angle_log, scope_agreement
 from acl_fairseq.cli.compare.plan import METRIC_RE, count_examples, flag_value
 from acl_fairseq.cli.fairseq_log import log_records
 from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
@@ -199,8 +199,8 @@ def paired_rows(records: list[dict]) -> list[list[Any]]:
     return rows
 
 
-def angle_rows(records: list[dict]) -> list[list[Any]]:
-    rows = []
+def angle_logs(records: list[dict]) -> Iterator[tuple[dict, list[AngleRecord]]]:
+    """Each run with a non-empty angle log, once per log (a linked run shares its log)."""
     seen = set()
     for r in records:
         path = r["angles"]
@@ -208,8 +208,13 @@ def angle_rows(records: list[dict]) -> list[list[Any]]:
             continue
         seen.add(path.resolve())
         angles = read_angle_log(path)
-        if not angles:
-            continue
+        if angles:
+            yield r, angles
+
+
+def angle_rows(records: list[dict]) -> list[list[Any]]:
+    rows = []
+    for r, angles in angle_logs(records):
         n = len(angles)
         thirds = {"early": angles[: n // 3], "middle": angles[n // 3 : 2 * n // 3]}
         thirds.update({"late": angles[2 * n // 3 :], "all": angles})
@@ -230,13 +235,8 @@ def angle_rows(records: list[dict]) -> list[list[Any]]:
 
 def agreement_rows(records: list[dict]) -> list[list[Any]]:
     rows = []
-    seen = set()
-    for r in records:
-        path = r["angles"]
-        if not path.exists() or path.resolve() in seen:
-            continue
-        seen.add(path.resolve())
-        for a in scope_agreement(read_angle_log(path)):
+    for r, angles in angle_logs(records):
+        for a in scope_agreement(angles):
             rows.append([
                 r["study"], r["folder"], r["run"], r["method"], r["variant"], a.scope,
                 f"{a.threshold:g}", a.updates, round(a.mean_exact, 2), round(a.mean_scope, 2),
