@@ -164,7 +164,9 @@ def overhead_table(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--batch", type=int, default=32, help="the batched size (besides 1)")
+    p.add_argument(
+        "--batch", type=int, default=32, help="the batched size (besides 1; 1: batch 1 alone)"
+    )
     p.add_argument("--lengths", default="20,128", help="input lengths in tokens")
     p.add_argument("--pooling", choices=("first", "mean"), default="first")
     p.add_argument("--rounds", type=int, default=7, help="interleaved timed rounds (median)")
@@ -199,8 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"median of {args.rounds} interleaved rounds; batch 1: {args.single_rows} examples\n"
     )
     lengths = [int(v) for v in args.lengths.split(",")]
+    sizes = [1] if args.batch == 1 else [1, args.batch]  # --batch 1: batch 1 alone
     table = overhead_table(
-        model, bench, vocab, to_fs, [1, args.batch], lengths, args.rounds, args.single_rows
+        model, bench, vocab, to_fs, sizes, lengths, args.rounds, args.single_rows
     )
     print("\n".join(table))
     return 0
