@@ -5,6 +5,7 @@ import csv
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 from scipy import stats
@@ -41,7 +42,8 @@ def test_choice_is_the_best_dev_score_first_in_grid_order_on_ties():
 def _write_run(out, method, seed, dev, test, angles=None, stage1=None, updates=100):
     run_dir = out / "runs" / f"{method}-seed{seed}"
     run_dir.mkdir(parents=True)
-    command = ["fairseq-train", str(out / "no-data"), "--lr", "5e-05"]
+    checkout = Path("/srv/study-worktree")  # the study's own checkout (a git worktree)
+    command = [str(checkout / ".venv/bin/fairseq-train"), str(out / "no-data"), "--lr", "5e-05"]
     if method in ("ce_scl", "acl", "acl_cl"):
         command += ["--contrastive-lambda", "0.5", "--temperature", "0.3"]
     meta = {"method": method, "seed": seed, "stage1": stage1, "train_command": command}
@@ -54,7 +56,9 @@ def _write_run(out, method, seed, dev, test, angles=None, stage1=None, updates=1
         f'x | valid | {{"valid_accuracy": "{dev}", "valid_num_updates": "{updates - 10}"}}',
         f'x | train | {{"train_num_updates": "{updates}", "train_loss": "0.1"}}',
     ]
-    (run_dir / "train.log").write_text("\n".join(log) + f"\n{out}/private/path\n")
+    (run_dir / "train.log").write_text(
+        "\n".join(log) + f"\n{out}/private/path\n--user-dir {checkout}/acl_fairseq\n"
+    )
     if angles:
         (run_dir / "angles.tsv").write_text(
             "".join(f"{u}\t{a}\t{int(a <= 90)}\t0\n" for u, a in enumerate(angles, 1))
@@ -153,6 +157,7 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
 
     log = (docs / "runs" / "movie" / "main" / "ce-seed1" / "train.log").read_text()
     assert "<work>/runs/movie/main/private/path" in log and str(work) not in log
+    assert "--user-dir <repo>/acl_fairseq" in log
     assert (docs / "figures" / "dev_curves.png").stat().st_size > 0
     with open(docs / "figures" / "fewshot.csv") as f:
         curve = {(r["per_class"], r["method"]): r for r in csv.DictReader(f)}

@@ -15,7 +15,8 @@ Reads every finished run under ``WORK/runs`` and writes to ``--out`` (default do
                   Pearson r of the angles (what --acl-grad-scope would have decided)
   figures/        dev_curves, lambda, fewshot (PNG + CSV)
   runs/           each run's small files (test.json, run.json, command.txt, train.log,
-                  angles.tsv), with the work folder written as <work>
+                  angles.tsv), with the work folder written as <work> and the checkout the
+                  run was trained from (or this one) as <repo>
 
 Usage::
 
@@ -102,12 +103,22 @@ def collect(work: Path) -> list[dict[str, Any]]:
             "dev_accuracy": result["dev"]["accuracy"],
             "angles": run_dir / "angles.tsv",
             "run_dir": run_dir,
+            "run_repo": checkout_of(command),
         }
         for key, value in result["test"].items():
             if METRIC_RE.match(key):
                 record[f"test_{key}"] = value
         records.append(record)
     return records
+
+
+def checkout_of(command: Sequence[str]) -> str | None:
+    """The checkout a run was trained from (the study's worktree), from its fairseq-train
+    path ``CHECKOUT/.venv/bin/fairseq-train``; None for another layout."""
+    path = Path(command[0]) if command else None
+    if path is None or path.parent.name != "bin" or path.parent.parent.name != ".venv":
+        return None
+    return str(path.parents[2])
 
 
 def by_name(records: list[dict], folder: str) -> dict[str, dict]:
@@ -264,7 +275,9 @@ def copy_small_files(records: list[dict], work: Path, out: Path) -> None:
             src = r["run_dir"] / name
             if src.exists():
                 text = src.read_text(encoding="utf-8", errors="replace")
-                text = text.replace(str(work), "<work>").replace(str(REPO), "<repo>")
+                text = text.replace(str(work), "<work>")
+                for repo in filter(None, (r["run_repo"], str(REPO))):
+                    text = text.replace(repo, "<repo>")
                 (dest / name).write_text(text, encoding="utf-8")
 
 
