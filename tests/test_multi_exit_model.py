@@ -26,6 +26,7 @@ from acl_fairseq.models.multi_exit_roberta import (
     exit_head_name,
     parse_exit_layers,
 )
+from acl_fairseq.models.pooling import MeanWeights, masked_mean
 
 HEAD = "sentence_classification_head"
 NUM_CLASSES = 3
@@ -503,3 +504,24 @@ def test_hub_interface_round_trip(built, data_dir, tmp_path, monkeypatch):
     assert list(logits) == [1, 2, 3, 4]
     for out in model.exit_outputs(tokens):
         assert torch.allclose(logits[out.layer], out.logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_masked_mean_against_a_naive_loop(dtype):
+    torch.manual_seed(0)
+    features = torch.randn(3, 5, 4).to(dtype)
+    lengths = [5, 2, 1]
+    mask = torch.tensor([[t >= n for t in range(5)] for n in lengths])
+    pooled = masked_mean(features, MeanWeights(mask))
+    assert pooled.dtype == dtype and pooled.shape == (3, 4)
+    for row, n in enumerate(lengths):
+        naive = sum(features[row, t].double() for t in range(n)) / n
+        assert torch.allclose(
+            pooled[row].double(), naive, atol=1e-3 if dtype == torch.float16 else 1e-6
+        )
+    # no padding at all: the multiply by 1 is skipped, the numbers are the same
+    full = torch.zeros(3, 5, dtype=torch.bool)
+    assert torch.equal(
+        masked_mean(features, MeanWeights(full, has_pads=False)),
+        masked_mean(features, MeanWeights(full)),
+    )

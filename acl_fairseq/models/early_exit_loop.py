@@ -14,7 +14,7 @@ It mirrors ``TransformerEncoder.forward`` layer by layer and keeps the work per 
   stay are overwritten at their own exit later), and the batch is compacted only when some
   row leaves;
 * the padding bookkeeping uses per-row lengths computed once (no padding mask recomputed),
-  and ``mean`` pooling uses weights computed once (``_MeanWeights``);
+  and ``mean`` pooling uses weights computed once (``pooling.MeanWeights``);
 * a single row without padding (batch 1) takes ``_run_single_row``: no row bookkeeping, the
   policy decides on the host (``ExitPolicy.decide_row``: one ``tolist`` per exit) and the
   loop stops at the row's exit. At batch 1 the per-exit cost is what remains: the head
@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from ..exit_policies import ExitPolicy
+from .pooling import MeanWeights, masked_mean
 from .types import EarlyExitResult
 
 __all__ = ["run_early_exit"]
@@ -42,37 +43,7 @@ def _classify(head: Any, pooled: Tensor) -> Tensor:
     return head.out_proj(head.activation_fn(head.dense(pooled)))
 
 
-class _MeanWeights:
-    """What ``MultiExitClassificationHead.pool`` recomputes per call with ``mean`` pooling,
-    computed once: ``keep`` (B x T x 1 float, 1 at real tokens) and ``count`` (B x 1, real
-    tokens per row, at least 1). ``pool`` runs the head's ops on the same values (multiply,
-    sum over T, divide); without padding the multiply by 1 is skipped (exact: ``v * 1 = v``,
-    and the sum runs over the same memory layout, which the tests check bit for bit)."""
-
-    def __init__(self, padding_mask: Tensor, has_pads: bool) -> None:
-        self.keep = (~padding_mask).unsqueeze(-1).float()  # B x T x 1
-        self.count = self.keep.sum(dim=1).clamp(min=1.0)  # B x 1
-        self.has_pads = has_pads
-
-    def select(self, rows: Tensor, width: int) -> None:
-        """Keep ``rows`` (B' indices) and the first ``width`` positions."""
-        self.keep = self.keep.index_select(0, rows)[:, :width]
-        self.count = self.count.index_select(0, rows)
-
-    def pool(self, hidden: Tensor) -> Tensor:
-        """T x B x C hidden states -> B x C mean over the real tokens."""
-        dtype = hidden.dtype
-        if dtype != torch.float32:
-            hidden = hidden.float()
-        if self.has_pads:
-            summed = (hidden.transpose(0, 1) * self.keep).sum(dim=1)  # as the head: B x T x C
-        else:
-            summed = hidden.sum(dim=0)
-        pooled = summed / self.count
-        return pooled if dtype == torch.float32 else pooled.to(dtype)
-
-
-def _head_logits(model: Any, head: Any, x: Tensor, mean: _MeanWeights | None) -> Tensor:
+def _head_logits(model: Any, head: Any, x: Tensor, mean: MeanWeights | None) -> Tensor:
     """Logits (B x K) of the exit ``head`` on the hidden states ``x`` (T x B x C) after a layer.
 
     With ``first`` pooling only ``x[0]`` goes through the final layer norm (per position, so
@@ -85,7 +56,13 @@ def _head_logits(model: Any, head: Any, x: Tensor, mean: _MeanWeights | None) ->
             pooled = layer_norm(pooled)
         return _classify(head, pooled)
     assert mean is not None, "mean pooling needs its weights"
-    return _classify(head, mean.pool(model._exit_hidden(x)))
+    return _classify(head, masked_mean(model._exit_hidden(x).transpose(0, 1), mean))
+
+
+def _run_layer(layer: Any, x: Tensor, padding_mask: Tensor | None) -> Tensor:
+    """One encoder layer on ``x`` (T x B x C); fairseq layers return ``(x, attn)`` or ``x``."""
+    out = layer(x, encoder_padding_mask=padding_mask)
+    return out[0] if isinstance(out, tuple) and len(out) == 2 else out
 
 
 def _uses_mean(heads: dict[int, Any]) -> bool:
@@ -103,12 +80,11 @@ def _run_single_row(
     """
     encoder = model.encoder.sentence_encoder
     no_pads = torch.zeros(1, x.size(0), dtype=torch.bool, device=x.device)
-    mean = _MeanWeights(no_pads, has_pads=False) if _uses_mean(heads) else None
+    mean = MeanWeights(no_pads, has_pads=False) if _uses_mean(heads) else None
     state = policy.init_row_state(x.device)
     num_layers = int(model.num_layers)
     for layer_idx, layer in enumerate(encoder.layers, start=1):
-        out = layer(x, encoder_padding_mask=None)
-        x = out[0] if isinstance(out, tuple) and len(out) == 2 else out
+        x = _run_layer(layer, x, None)
         head = heads.get(layer_idx)
         if head is None:
             continue
@@ -157,15 +133,14 @@ def run_early_exit(
     counts = nonpad.sum(dim=1)
     positions = torch.arange(1, src_tokens.size(1) + 1, device=device)
     ends = (nonpad * positions).amax(dim=1) if src_tokens.size(1) > 0 else counts
-    mean = _MeanWeights(padding_mask, has_pads) if _uses_mean(heads) else None
+    mean = MeanWeights(padding_mask, has_pads) if _uses_mean(heads) else None
     rows = torch.arange(bsz, device=device)  # original index of each running row
     state = policy.init_state(bsz, device)
     exit_layers = torch.full((bsz,), num_layers, dtype=torch.long, device=device)
     all_logits: Tensor | None = None
 
     for layer_idx, layer in enumerate(encoder.layers, start=1):
-        out = layer(x, encoder_padding_mask=padding_mask if has_pads else None)
-        x = out[0] if isinstance(out, tuple) and len(out) == 2 else out
+        x = _run_layer(layer, x, padding_mask if has_pads else None)
         if layer_idx not in heads:
             continue
         logits = _head_logits(model, heads[layer_idx], x, mean)  # B' x K

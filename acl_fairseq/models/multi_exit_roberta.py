@@ -37,6 +37,7 @@ from ..exit_policies import ExitPolicy, as_policy
 from ..exit_policy_file import POLICY_FILE, read_policy
 from .early_exit_loop import run_early_exit
 from .hub_interface import MultiExitRobertaHubInterface
+from .pooling import MeanWeights, masked_mean
 from .types import EarlyExitResult, ExitOutput
 
 logger = logging.getLogger(__name__)
@@ -118,9 +119,7 @@ class MultiExitClassificationHead(RobertaClassificationHead):
             return features[:, 0, :]  # <s> token (equiv. to [CLS])
         if padding_mask is None:
             return features.mean(dim=1)
-        keep = (~padding_mask).unsqueeze(-1).float()
-        summed = (features.float() * keep).sum(dim=1)
-        return (summed / keep.sum(dim=1).clamp(min=1.0)).type_as(features)
+        return masked_mean(features, MeanWeights(padding_mask))
 
     def forward_with_features(
         self, features: Tensor, padding_mask: Tensor | None = None
