@@ -205,7 +205,9 @@ class Study:
         for name in VARIANTS:
             out = self.root / "variants" / name
             link_run(self.root / "main", out, "acl-seed1")
-            args = [*self.stage1(), *self.hyper_parameters("acl_cl"), *self.stage2_args(name)]
+            # the flags of the stage-1 run it restores (acl: the top-K angle log)
+            args = [*self.stage1("acl"), *self.hyper_parameters("acl_cl")]
+            args += self.stage2_args(name)
             self.compare(out, [*args, "--methods", "acl_cl", "--seeds", "1"])
             scores[name] = dev_accuracy(out, "acl_cl-seed1")
         self.choose("acl_cl", scores, best_key(scores))
@@ -216,8 +218,9 @@ class Study:
         seeds = ",".join(map(str, SEEDS))
         link_run(self.root / "variants" / variant, main, "acl_cl-seed1")
         need_checkpoints(main, [f"{m}-seed{s}" for m in ("ce", "acl") for s in SEEDS])
-        for method, stage1 in (("multi_exit_joint", "ce"), ("acl_cl", "acl_cl")):
-            args = [*self.stage1(), *self.hyper_parameters(stage1), *self.stage2_args(variant)]
+        for method, stage1 in (("multi_exit_joint", "ce"), ("acl_cl", "acl")):
+            args = [*self.stage1(stage1), *self.hyper_parameters(stage1)]
+            args += self.stage2_args(variant)
             self.compare(main, [*args, "--methods", method, "--seeds", seeds])
 
     def earlyexit(self) -> None:
