@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from acl_fairseq.cli.compare.plan import flag_groups as study_flag_groups
 from acl_fairseq.cli.study import data as study_data
 from acl_fairseq.cli.study import phases as study
 from acl_fairseq.cli.study import report as study_report
@@ -184,3 +185,42 @@ def test_restore_puts_committed_results_back_for_resuming(tmp_path):
     # a stage-1 run without its checkpoint is trained again
     study.need_checkpoints(run_dir.parent.parent, ["ce-seed1"])
     assert not (run_dir / "test.json").exists()
+
+
+def test_multi_exit_phases_restore_stage1_runs_with_their_own_flags(tmp_path, monkeypatch):
+    """acl-fairseq-compare refuses to restore a stage-1 run trained with other flags: the
+    ACL-CL phases must pass exactly the flags (``--extra`` included) of the seed phase's ACL
+    run, joint CE those of its CE run."""
+    calls: list[tuple[str, list[str]]] = []
+
+    def record(self, out, args):
+        calls.append((out.name, args))
+
+    monkeypatch.setattr(study.Study, "compare", record)
+    monkeypatch.setattr(study, "count_examples", lambda data: 320)
+    monkeypatch.setattr(study, "link_run", lambda *a: None)
+    monkeypatch.setattr(study, "need_checkpoints", lambda *a: None)
+    monkeypatch.setattr(study, "dev_accuracy", lambda out, run: 80.0)
+    s = study.Study(tmp_path, "movie")
+    s.root.mkdir(parents=True)
+    s.choose("lr", {"0.0002": 85.0}, 2e-4)
+    s.choose("acl", {"0.5,0.3": 85.0}, [0.5, 0.3])
+    s.choose("ce_scl", {"0.5,0.3": 85.0}, [0.5, 0.3])
+
+    def stage1_flags(args):
+        """Every flag group of the stage-1 run but the method's own and the seeds."""
+        skip = ("--methods", "--seeds", "--stage2-epochs", "--acl-cl-teacher")
+        skip += ("--cross-layer-weighting", "--cross-layer-lambda", "--ce-scl-plain")
+        return [g for g in study_flag_groups(args) if not g.startswith(skip)]
+
+    s.seeds()
+    seed_flags = {args[args.index("--methods") + 1]: stage1_flags(args) for _, args in calls}
+    assert any("--acl-grad-log-top-k 1,2,3" in g for g in seed_flags["acl"])  # in --extra
+    calls.clear()
+    s.variants()
+    s.exits()
+    assert len(calls) == len(study.VARIANTS) + 2
+    for _, args in calls:
+        method = args[args.index("--methods") + 1]
+        stage1 = {"acl_cl": "acl", "multi_exit_joint": "ce"}[method]
+        assert stage1_flags(args) == seed_flags[stage1], method
