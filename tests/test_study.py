@@ -87,6 +87,10 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
     grid = work / "runs" / "movie" / "grid"
     _write_run(grid / "acl-lam0.1-tau0.3", "acl", 1, 81.0, {"accuracy": 79.0})
     _write_run(grid / "acl-lam0.5-tau0.3", "acl", 1, 82.5, {"accuracy": 79.5})
+    variant = work / "runs" / "movie" / "variants" / "live-exit-0.5"  # restores main's ACL run
+    (variant / "runs").mkdir(parents=True)
+    (variant / "runs" / "acl-seed1").symlink_to(main / "runs" / "acl-seed1")
+    _write_run(variant, "acl_cl", 1, 82.5, {"accuracy": 81.0}, stage1="acl-seed1")
     exits = work / "runs" / "movie" / "earlyexit"
     exits.mkdir(parents=True)
     (exits / "acl_cl-seed1.tsv").write_text(
@@ -126,6 +130,9 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
         row("full", "multi_exit_joint", "test", "accuracy_exit1")["updates_per_stage"] == "300+100"
     )
     assert float(row("full", "ce", "dev", "accuracy")["mean"]) == 82.0
+    # a stage-1 run linked into a variant's folder is reported once, in its own folder
+    assert row("full", "acl_cl", "dev", "accuracy", "variants/")["updates_per_stage"] == "100+100"
+    assert not [r for r in summary if r["method"] == "acl" and r["variant"].startswith("var")]
     few = row("fewshot", "ce", "test", "accuracy", "k=64")
     assert float(few["mean"]) == pytest.approx(60.5) and few["seeds"] == "2"
 

@@ -140,6 +140,8 @@ def summary_rows(records: list[dict]) -> list[list[Any]]:
     """The main comparisons (every seed of a method in one folder) and the single-seed grids."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:  # a few-shot size's seeds are in one folder each: fewshot/kK/sS
+        if r["linked"] and r["phase"] != "main":
+            continue  # a stage-1 run restored by a variant: reported in its own folder
         folder = r["folder"].rsplit("/", 1)[0] if r["study"] == "fewshot" else r["folder"]
         groups[(r["study"], folder, r["method"], r["variant"])].append(r)
     rows = []
