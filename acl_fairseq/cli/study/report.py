@@ -186,9 +186,11 @@ def paired_rows(records: list[dict]) -> list[list[Any]]:
         for r in runs:
             for key in (k for k in r if k.startswith("test_accuracy")):
                 per[(r["method"], key)][r["seed"]] = r[key]
-        for method in ("ce_scl", "acl", "multi_exit_joint"):
-            ours, ce = per[(method, "test_accuracy")], per[("ce", "test_accuracy")]
-            comparisons.append((study, method, "ce", "accuracy", ours, ce))
+        # each method against CE; ACL against CE+SCL; both multi-exit final exits against CE
+        pairs = [(m, "ce") for m in ("ce_scl", "acl", "multi_exit_joint", "acl_cl")]
+        for method, base in [*pairs, ("acl", "ce_scl")]:
+            ours, theirs = per[(method, "test_accuracy")], per[(base, "test_accuracy")]
+            comparisons.append((study, method, base, "accuracy", ours, theirs))
         for key in sorted(k for m, k in per if m == "acl_cl"):
             ours, joint = per[("acl_cl", key)], per[("multi_exit_joint", key)]
             comparisons.append((study, "acl_cl", "multi_exit_joint", key[5:], ours, joint))
