@@ -380,11 +380,20 @@ def grid_and_exit_figures(records: list[dict], work: Path, out: Path) -> None:
             dest = out / "earlyexit" / table.parent.parent.name / table.name
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(table, dest)
+            rows = read_sweep(table)
+            # the policy's curve (and the full depth); the oracles are single reference points
             points = sorted(
-                (float(r["layer_speedup"]), float(r["accuracy"])) for r in read_sweep(table)
+                (float(r["layer_speedup"]), float(r["accuracy"]))
+                for r in rows
+                if not r["policy"].startswith("oracle")
             )
             label = f"{table.parent.parent.name} {table.stem}"
-            ax.plot(*zip(*points), marker="o", label=label)
+            (line,) = ax.plot(*zip(*points), marker="o", label=label)
+            for r in rows:
+                if r["policy"] == "oracle-final":  # the last exit's answer, at the first exit
+                    speedup, accuracy = float(r["layer_speedup"]), float(r["accuracy"])
+                    ax.plot(speedup, accuracy, marker="*", ms=12, color=line.get_color())
+                    ax.annotate("oracle", (speedup, accuracy), fontsize=8)
         ax.set(xlabel="speed-up in layers run (ideal)", ylabel="test accuracy (%)",
                title="entropy early exit of the converged multi-exit models")  # fmt: skip
         ax.legend()
