@@ -84,6 +84,8 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
             out = work / "runs" / "fewshot" / f"k{k}" / f"s{seed}"
             _write_run(out, "ce", seed, 60.0, {"accuracy": 55.0 + k / 16 + seed})
             _write_run(out, "acl", seed, 60.0, {"accuracy": 56.0 + k / 16})
+            if k == 16:
+                _write_run(out, "ce_scl", seed, 60.0, {"accuracy": 58.0})
     grid = work / "runs" / "movie" / "grid"
     _write_run(grid / "acl-lam0.1-tau0.3", "acl", 1, 81.0, {"accuracy": 79.0})
     _write_run(grid / "acl-lam0.5-tau0.3", "acl", 1, 82.5, {"accuracy": 79.5})
@@ -153,6 +155,10 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
     assert final == " ".join(f"{81.0 - ce[s]:+.2f}" for s in (1, 2, 3))
     assert ("full", "multi_exit_joint", "ce", "accuracy") in paired
     assert paired[("fewshot k16", "acl", "ce", "accuracy")]["per_seed_difference"] == "+0.00 -1.00"
+    # ACL against CE+SCL too; the same difference in every draw has no t-test p-value
+    vs_scl = paired[("fewshot k16", "acl", "ce_scl", "accuracy")]
+    assert vs_scl["per_seed_difference"] == "-1.00 -1.00" and vs_scl["paired_t_p"] == ""
+    assert ("fewshot k64", "acl", "ce_scl", "accuracy") not in paired  # no CE+SCL run at k=64
 
     with open(docs / "angles.csv") as f:
         angles = {r["part"]: r for r in csv.DictReader(f)}

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import math
 import shutil
 import statistics
@@ -194,10 +195,11 @@ def paired_rows(records: list[dict]) -> list[list[Any]]:
         for key in sorted(k for m, k in per if m == "acl_cl"):
             ours, joint = per[("acl_cl", key)], per[("multi_exit_joint", key)]
             comparisons.append((study, "acl_cl", "multi_exit_joint", key[5:], ours, joint))
-    for (k, method), seeds in sorted(fewshot_groups(records).items()):
-        if method != "ce":
-            base = fewshot_groups(records)[(k, "ce")]
-            comparisons.append((f"fewshot {k}", method, "ce", "accuracy", seeds, base))
+    groups = fewshot_groups(records)
+    for k in sorted({k for k, _ in groups}, key=lambda k: int(k[1:])):
+        for method, base in (("ce_scl", "ce"), ("acl", "ce"), ("acl", "ce_scl")):
+            ours, theirs = groups.get((k, method), {}), groups.get((k, base), {})
+            comparisons.append((f"fewshot {k}", method, base, "accuracy", ours, theirs))
     rows = []
     for study, method, base, metric, ours, theirs in comparisons:
         seeds = sorted(set(ours) & set(theirs))
@@ -205,7 +207,9 @@ def paired_rows(records: list[dict]) -> list[list[Any]]:
             continue
         diffs = [ours[s] - theirs[s] for s in seeds]
         mean, std = mean_std(diffs)
-        p = stats.ttest_rel([ours[s] for s in seeds], [theirs[s] for s in seeds]).pvalue
+        p = math.nan  # undefined for one seed, or when every seed differs by the same amount
+        if len(seeds) > 1 and std > 0:
+            p = stats.ttest_rel([ours[s] for s in seeds], [theirs[s] for s in seeds]).pvalue
         rows.append([
             study, method, base, metric, len(seeds), " ".join(f"{d:+.2f}" for d in diffs),
             round(mean, 3), "" if math.isnan(std) else round(std, 3),
@@ -320,7 +324,8 @@ def figures(records: list[dict], out: Path) -> None:
     if groups:
         fig, ax = plt.subplots(figsize=(6, 4))
         rows = []
-        for method in ("ce", "ce_scl", "acl"):
+        # a small horizontal offset per method keeps the error bars apart on the log axis
+        for method, shift in (("ce", 0.94), ("ce_scl", 1.0), ("acl", 1.06)):
             points = []
             for (k, m), seeds in groups.items():
                 if m == method:
@@ -330,9 +335,13 @@ def figures(records: list[dict], out: Path) -> None:
             if points:
                 points.sort()
                 ks, means, stds = zip(*points)
-                ax.errorbar(ks, means, yerr=stds, marker="o", capsize=3, label=method)
+                shifted = [k * shift for k in ks]
+                ax.errorbar(shifted, means, yerr=stds, marker="o", capsize=3, label=method)
+        sizes = sorted({int(k[1:]) for k, _ in groups})
         ax.set(xscale="log", xlabel="training sentences per class", ylabel="test accuracy (%)",
                title="few-shot learning curve (mean ± std over 5 draws)")  # fmt: skip
+        ax.set_xticks(sizes, [str(k) for k in sizes])
+        ax.minorticks_off()
         ax.legend()
         fig.tight_layout()
         fig.savefig(fig_dir / "fewshot.png", dpi=110)
@@ -436,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=REPO / "study_work")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "study")
     args = p.parse_args(argv)
+    # importing fairseq sets the root logger to DEBUG; matplotlib would then log every font lookup
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     work = args.work_dir.resolve()
     records = collect(work)
     if not records:
