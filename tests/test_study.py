@@ -159,6 +159,11 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
     vs_scl = paired[("fewshot k16", "acl", "ce_scl", "accuracy")]
     assert vs_scl["per_seed_difference"] == "-1.00 -1.00" and vs_scl["paired_t_p"] == ""
     assert ("fewshot k64", "acl", "ce_scl", "accuracy") not in paired  # no CE+SCL run at k=64
+    with open(docs / "figures" / "fewshot.csv") as f:
+        curve = [(r["per_class"], r["method"], r["n"], float(r["mean"])) for r in csv.DictReader(f)]
+    assert curve == [("16", "ce", "2", 57.5), ("64", "ce", "2", 60.5), ("16", "ce_scl", "2", 58.0),
+                     ("16", "acl", "2", 57.0), ("64", "acl", "2", 60.0)]  # fmt: skip
+    assert (docs / "figures" / "fewshot.png").stat().st_size > 0
 
     with open(docs / "angles.csv") as f:
         angles = {r["part"]: r for r in csv.DictReader(f)}

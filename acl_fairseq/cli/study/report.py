@@ -319,34 +319,51 @@ def figures(records: list[dict], out: Path) -> None:
         fig.savefig(fig_dir / "dev_curves.png", dpi=110)
         plt.close(fig)
         write_csv(fig_dir / "dev_curves.csv", ["task", "method", "update", "dev_accuracy"], rows)
-    # few-shot learning curve
+    fewshot_figure(records, fig_dir, plt)
+
+
+def fewshot_figure(records: list[dict], fig_dir: Path, plt: Any) -> None:
+    """Test accuracy per training size (left) and each method's difference to CE, paired by
+    draw (right): the paired view shows what the spread between draws hides."""
     groups = fewshot_groups(records)
-    if groups:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        rows = []
-        # a small horizontal offset per method keeps the error bars apart on the log axis
-        for method, shift in (("ce", 0.94), ("ce_scl", 1.0), ("acl", 1.06)):
-            points = []
-            for (k, m), seeds in groups.items():
-                if m == method:
-                    mean, std = mean_std(list(seeds.values()))
-                    points.append((int(k[1:]), mean, 0.0 if math.isnan(std) else std))
-                    rows.append([int(k[1:]), method, len(seeds), mean, std])
-            if points:
-                points.sort()
-                ks, means, stds = zip(*points)
-                shifted = [k * shift for k in ks]
-                ax.errorbar(shifted, means, yerr=stds, marker="o", capsize=3, label=method)
-        sizes = sorted({int(k[1:]) for k, _ in groups})
-        ax.set(xscale="log", xlabel="training sentences per class", ylabel="test accuracy (%)",
-               title="few-shot learning curve (mean ± std over 5 draws)")  # fmt: skip
+    if not groups:
+        return
+    sizes = sorted({int(k[1:]) for k, _ in groups})
+    fig, (curve, paired) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = []
+    # a small horizontal offset per method keeps the error bars apart on the log axis
+    for method, shift in (("ce", 0.94), ("ce_scl", 1.0), ("acl", 1.06)):
+        points, diffs = [], []
+        for k in sizes:
+            seeds = groups.get((f"k{k}", method))
+            if not seeds:
+                continue
+            mean, std = mean_std(list(seeds.values()))
+            points.append((k * shift, mean, 0.0 if math.isnan(std) else std))
+            rows.append([k, method, len(seeds), mean, std])
+            ce = groups.get((f"k{k}", "ce"), {})
+            common = sorted(set(seeds) & set(ce))
+            if method != "ce" and common:
+                d_mean, d_std = mean_std([seeds[s] - ce[s] for s in common])
+                diffs.append((k * shift, d_mean, 0.0 if math.isnan(d_std) else d_std))
+        if points:
+            curve.errorbar(*zip(*points), marker="o", capsize=3, label=method)
+        if diffs:
+            paired.errorbar(*zip(*diffs), marker="o", capsize=3, label=f"{method} − ce",
+                            color=f"C{('ce', 'ce_scl', 'acl').index(method)}")  # fmt: skip
+    paired.axhline(0.0, color="grey", linewidth=0.8)
+    curve.set(ylabel="test accuracy (%)", title="few-shot learning curve (mean ± std over draws)")
+    paired.set(ylabel="test accuracy − CE's (points)",
+               title="difference to CE, paired by draw (mean ± std)")  # fmt: skip
+    for ax in (curve, paired):
+        ax.set(xscale="log", xlabel="training sentences per class")
         ax.set_xticks(sizes, [str(k) for k in sizes])
         ax.minorticks_off()
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(fig_dir / "fewshot.png", dpi=110)
-        plt.close(fig)
-        write_csv(fig_dir / "fewshot.csv", ["per_class", "method", "n", "mean", "std"], rows)
+    fig.tight_layout()
+    fig.savefig(fig_dir / "fewshot.png", dpi=110)
+    plt.close(fig)
+    write_csv(fig_dir / "fewshot.csv", ["per_class", "method", "n", "mean", "std"], rows)
 
 
 def grid_and_exit_figures(records: list[dict], work: Path, out: Path) -> None:
