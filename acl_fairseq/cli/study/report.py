@@ -167,13 +167,19 @@ def summary_rows(records: list[dict]) -> list[list[Any]]:
     return rows
 
 
-def fewshot_groups(records: list[dict]) -> dict[tuple[str, str], dict[int, float]]:
-    """(k, method) -> {seed: test accuracy}."""
-    out: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+def fewshot_groups(records: list[dict]) -> dict[tuple[int, str], dict[int, float]]:
+    """(sentences per class, method) -> {seed: test accuracy}; folders are fewshot/kK/sS."""
+    out: dict[tuple[int, str], dict[int, float]] = defaultdict(dict)
     for r in records:
         if r["study"] == "fewshot":
-            out[(r["folder"].split("/")[1], r["method"])][r["seed"]] = r["test_accuracy"]
+            k = int(r["folder"].split("/")[1][1:])
+            out[(k, r["method"])][r["seed"]] = r["test_accuracy"]
     return out
+
+
+def paired_differences(ours: dict[int, float], theirs: dict[int, float]) -> list[float]:
+    """ours - theirs for every seed both have, in seed order."""
+    return [ours[s] - theirs[s] for s in sorted(set(ours) & set(theirs))]
 
 
 def paired_rows(records: list[dict]) -> list[list[Any]]:
@@ -196,22 +202,21 @@ def paired_rows(records: list[dict]) -> list[list[Any]]:
             ours, joint = per[("acl_cl", key)], per[("multi_exit_joint", key)]
             comparisons.append((study, "acl_cl", "multi_exit_joint", key[5:], ours, joint))
     groups = fewshot_groups(records)
-    for k in sorted({k for k, _ in groups}, key=lambda k: int(k[1:])):
+    for k in sorted({k for k, _ in groups}):
         for method, base in (("ce_scl", "ce"), ("acl", "ce"), ("acl", "ce_scl")):
             ours, theirs = groups.get((k, method), {}), groups.get((k, base), {})
-            comparisons.append((f"fewshot {k}", method, base, "accuracy", ours, theirs))
+            comparisons.append((f"fewshot k{k}", method, base, "accuracy", ours, theirs))
     rows = []
     for study, method, base, metric, ours, theirs in comparisons:
-        seeds = sorted(set(ours) & set(theirs))
-        if not seeds:
+        diffs = paired_differences(ours, theirs)
+        if not diffs:
             continue
-        diffs = [ours[s] - theirs[s] for s in seeds]
         mean, std = mean_std(diffs)
         p = math.nan  # undefined for one seed, or when every seed differs by the same amount
-        if len(seeds) > 1 and std > 0:
-            p = stats.ttest_rel([ours[s] for s in seeds], [theirs[s] for s in seeds]).pvalue
+        if len(diffs) > 1 and std > 0:  # the paired t-test: a one-sample test of the differences
+            p = stats.ttest_1samp(diffs, 0.0).pvalue
         rows.append([
-            study, method, base, metric, len(seeds), " ".join(f"{d:+.2f}" for d in diffs),
+            study, method, base, metric, len(diffs), " ".join(f"{d:+.2f}" for d in diffs),
             round(mean, 3), "" if math.isnan(std) else round(std, 3),
             "" if math.isnan(p) else round(float(p), 4),
         ])  # fmt: skip
@@ -328,23 +333,22 @@ def fewshot_figure(records: list[dict], fig_dir: Path, plt: Any) -> None:
     groups = fewshot_groups(records)
     if not groups:
         return
-    sizes = sorted({int(k[1:]) for k, _ in groups})
+    sizes = sorted({k for k, _ in groups})
     fig, (curve, paired) = plt.subplots(1, 2, figsize=(11, 4))
     rows = []
     # a small horizontal offset per method keeps the error bars apart on the log axis
     for method, shift in (("ce", 0.94), ("ce_scl", 1.0), ("acl", 1.06)):
         points, diffs = [], []
         for k in sizes:
-            seeds = groups.get((f"k{k}", method))
+            seeds = groups.get((k, method))
             if not seeds:
                 continue
             mean, std = mean_std(list(seeds.values()))
             points.append((k * shift, mean, 0.0 if math.isnan(std) else std))
             rows.append([k, method, len(seeds), mean, std])
-            ce = groups.get((f"k{k}", "ce"), {})
-            common = sorted(set(seeds) & set(ce))
-            if method != "ce" and common:
-                d_mean, d_std = mean_std([seeds[s] - ce[s] for s in common])
+            to_ce = paired_differences(seeds, groups.get((k, "ce"), {}))
+            if method != "ce" and to_ce:
+                d_mean, d_std = mean_std(to_ce)
                 diffs.append((k * shift, d_mean, 0.0 if math.isnan(d_std) else d_std))
         if points:
             curve.errorbar(*zip(*points), marker="o", capsize=3, label=method)
