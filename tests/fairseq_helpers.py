@@ -101,6 +101,27 @@ def make_dataset(
     return preprocess(raw, root / "bin", pair)
 
 
+def make_dataset_with_test(root: Path, sizes: tuple[int, int, int] = (64, 32, 32)) -> Path:
+    """train / valid (dev) / test of ``sizes`` examples, binarized in the sentence_prediction
+    layout under ``root/bin``."""
+    raw = root / "raw"
+    raw.mkdir(parents=True)
+    for (split, seed), n in zip((("train", 0), ("valid", 1), ("test", 2)), sizes):
+        write_sentiment_split(raw / split, n, seed)
+    dest = root / "bin"
+    for field in ("input0", "label"):
+        run(
+            [
+                str(BIN / "fairseq-preprocess"), "--only-source",
+                "--trainpref", str(raw / f"train.{field}"),
+                "--validpref", str(raw / f"valid.{field}"),
+                "--testpref", str(raw / f"test.{field}"),
+                "--destdir", str(dest / field), "--workers", "1",
+            ]
+        )  # fmt: skip
+    return dest
+
+
 def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
     """Runs a command; on failure raises with the tail of its output."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}

@@ -22,8 +22,9 @@ from acl_fairseq.cli import fairseq_log, plots, sweep_table
 from acl_fairseq.cli.compare import cli as compare_cli
 from acl_fairseq.cli.compare import plan, report
 from acl_fairseq.cli.compare import run as runner
+from acl_fairseq.predictions import read_predictions
 
-from fairseq_helpers import BIN, TINY_ROBERTA, run, write_sentiment_split
+from fairseq_helpers import BIN, TINY_ROBERTA, make_dataset_with_test, run
 
 # ----------------------------------------------------------------------------- table maths
 
@@ -417,22 +418,7 @@ def test_early_exit_sweep_tables_are_readable(tmp_path):
 
 def make_data_with_test(root: Path) -> Path:
     """train 64 / valid (dev) 32 / test 32, binarized in the sentence_prediction layout."""
-    raw = root / "raw"
-    raw.mkdir(parents=True)
-    for split, n, seed in (("train", 64, 0), ("valid", 32, 1), ("test", 32, 2)):
-        write_sentiment_split(raw / split, n, seed)
-    dest = root / "bin"
-    for field in ("input0", "label"):
-        run(
-            [
-                str(BIN / "fairseq-preprocess"), "--only-source",
-                "--trainpref", str(raw / f"train.{field}"),
-                "--validpref", str(raw / f"valid.{field}"),
-                "--testpref", str(raw / f"test.{field}"),
-                "--destdir", str(dest / field), "--workers", "1",
-            ]
-        )  # fmt: skip
-    return dest
+    return make_dataset_with_test(root)
 
 
 def _cells(md: str, title: str) -> dict[str, list[str]]:
@@ -472,6 +458,17 @@ def test_compare_then_plots_end_to_end(tmp_path):
         else:
             assert r["angles"] is None
     assert set(results["acl_cl-seed1"]["test"]) >= {"accuracy_exit1", "accuracy_exit2"}
+    # every run keeps its per-example predictions: every exit's, on dev and test, as fairseq
+    # scored them
+    for name, r in results.items():
+        splits = read_predictions(out / "runs" / name / "predictions.tsv")
+        assert set(splits) == {"valid", "test"} and len(splits["test"].labels) == 32
+        for metric, value in r["test"].items():
+            if metric.startswith("accuracy"):
+                layer = int(metric[len("accuracy_exit") :]) if "exit" in metric else None
+                assert splits["test"].accuracy(layer) == pytest.approx(value, abs=0.05), name
+        assert sorted(splits["test"].exits) == ([1, 2] if "acl_cl" in name or "joint" in name
+                                                else [2])  # fmt: skip
 
     # the report's numbers are the runs' own
     md = (out / "results.md").read_text()

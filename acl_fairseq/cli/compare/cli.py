@@ -9,11 +9,17 @@ Methods (every run: ``fairseq-train --task acl_sentence_prediction``, the demo's
                     measured and logged every update (for the angle histogram) but the SCL
                     term is never dropped, so the objective is plain CE+SCL (at the cost of a
                     second backward pass; ``--ce-scl-plain`` turns the measurement off)
+  ce_scl_grad       CE + SCL gated by ACL-Grad (``--acl-grad --acl-grad-threshold``, default
+                    90): the gate without ACL-Embed
   acl               CE + ACL-Embed with ACL-Grad (``--criterion acl_embed``,
                     ``--acl-grad-threshold``, default 90)
+  acl_embed         CE + ACL-Embed without ACL-Grad (``--criterion acl_embed --no-acl-grad``):
+                    ACL minus its gate
   multi_exit_joint  stage 2 of the joint baseline: the multi-exit model restored from the CE
                     run's best checkpoint (same seed), joint weighted CE over every exit
                     (``--criterion multi_exit_ce``)
+  joint_from_acl    the same joint CE stage 2, restored from the acl run's best checkpoint (the
+                    stage 1 of acl_cl): the two stage 2s start from the same model
   acl_cl            stage 2 of ACL: the multi-exit model restored from the acl run's best
                     checkpoint (same seed), ``--criterion acl_cross_layer``
 
@@ -71,6 +77,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acl_fairseq.cli.compare.plan import (
+    DEFAULT_METHODS,
     METHODS,
     count_classes,
     count_examples,
@@ -119,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--methods",
         type=lambda s: parse_list(s, str, "--methods"),
-        default=list(METHODS),
-        help=f"comma list of {','.join(METHODS)} (default: all)",
+        default=list(DEFAULT_METHODS),
+        help=f"comma list of {','.join(METHODS)} (default: {','.join(DEFAULT_METHODS)})",
     )
     p.add_argument(
         "--seeds",

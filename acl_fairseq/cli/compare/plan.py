@@ -11,11 +11,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-METHODS = ("ce", "ce_scl", "acl", "multi_exit_joint", "acl_cl")
-MULTI_EXIT_METHODS = ("multi_exit_joint", "acl_cl")
+# in training order (a stage-1 method before the stage-2 methods restoring it)
+METHODS = (
+    "ce", "ce_scl", "ce_scl_grad", "acl", "acl_embed", "multi_exit_joint", "joint_from_acl",
+    "acl_cl",
+)  # fmt: skip
+# the main comparison: each method of the paper and its baseline
+DEFAULT_METHODS = ("ce", "ce_scl", "acl", "multi_exit_joint", "acl_cl")
+MULTI_EXIT_METHODS = ("multi_exit_joint", "joint_from_acl", "acl_cl")
 SWEEP_METHODS = ("ce_scl", "acl")
-CONTRASTIVE_METHODS = ("ce_scl", "acl", "acl_cl")
-STAGE1 = {"multi_exit_joint": "ce", "acl_cl": "acl"}
+CONTRASTIVE_METHODS = ("ce_scl", "ce_scl_grad", "acl", "acl_embed", "acl_cl")
+STAGE1 = {"multi_exit_joint": "ce", "joint_from_acl": "acl", "acl_cl": "acl"}
 MULTI_EXIT_ARCH = {
     "roberta": "multi_exit_roberta",
     "roberta_base": "multi_exit_roberta_base",

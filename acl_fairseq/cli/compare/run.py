@@ -28,6 +28,7 @@ from acl_fairseq.cli.compare.plan import (
 from acl_fairseq.cli.compare.report import angle_summary
 from acl_fairseq.cli.fairseq_log import best_dev, json_records, test_metrics
 from acl_fairseq.cli.paths import BIN, USER_DIR
+from acl_fairseq.predictions import PREDICTIONS_FILE, predict_split, write_predictions
 
 
 def method_flags(run: Run, opts: argparse.Namespace) -> list[str]:
@@ -37,19 +38,22 @@ def method_flags(run: Run, opts: argparse.Namespace) -> list[str]:
     exit_layers = ["--exit-layers", opts.exit_layers] if opts.exit_layers else []
     if run.method == "ce":
         return ["--criterion", "sentence_prediction", "--exit-layers", "none"]
-    if run.method == "ce_scl":
+    if run.method in ("ce_scl", "ce_scl_grad"):
         flags = ["--criterion", "ce_scl", "--contrastive-lambda", lam, "--temperature", temperature]
-        if not opts.ce_scl_plain:
+        if run.method == "ce_scl_grad":  # CE+SCL gated by ACL-Grad at the threshold
+            flags += ["--acl-grad", "--acl-grad-threshold", threshold]
+        elif not opts.ce_scl_plain:
             flags += ["--acl-grad", "--acl-grad-threshold", f"{CE_SCL_ANGLE_THRESHOLD:g}"]
         return flags + ["--exit-layers", "none"]
-    if run.method == "acl":
+    if run.method in ("acl", "acl_embed"):
+        gate = ["--acl-grad-threshold", threshold] if run.method == "acl" else ["--no-acl-grad"]
         return [
             "--criterion", "acl_embed", "--contrastive-lambda", lam, "--temperature", temperature,
-            "--acl-grad-threshold", threshold, "--exit-layers", "none",
+            *gate, "--exit-layers", "none",
         ]  # fmt: skip
     if opts.exit_weighting:
         exit_layers += ["--exit-weighting", opts.exit_weighting]
-    if run.method == "multi_exit_joint":
+    if run.method in ("multi_exit_joint", "joint_from_acl"):
         return ["--criterion", "multi_exit_ce", *exit_layers]
     if run.method == "acl_cl":
         variant = []
@@ -71,7 +75,7 @@ def grad_threshold(run: Run, opts: argparse.Namespace) -> float | None:
     """The ACL-Grad threshold a run uses (None: no angles are measured)."""
     if run.method == "ce_scl":
         return None if opts.ce_scl_plain else CE_SCL_ANGLE_THRESHOLD
-    if run.method in ("acl", "acl_cl"):
+    if run.method in ("ce_scl_grad", "acl", "acl_cl"):
         return opts.acl_grad_threshold
     return None
 
@@ -129,6 +133,31 @@ def validate_command(opts: argparse.Namespace, checkpoint: Path) -> list[str]:
         "--valid-subset", opts.test_subset, "--batch-size", str(opts.eval_batch_size),
         *(["--cpu"] if opts.cpu else []), "--num-workers", "0", "--log-format", "json",
     ]  # fmt: skip
+
+
+def save_predictions(
+    opts: argparse.Namespace, checkpoint: Path, path: Path, test: dict[str, float]
+) -> None:
+    """Every exit's prediction for every dev and test example of ``checkpoint``
+    (``predictions.tsv``, for per-example paired tests), checked against fairseq-validate's
+    test accuracy (which fairseq logs rounded to 0.1)."""
+    from fairseq import checkpoint_utils
+
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(opts.data)}
+    )
+    model = models[0].eval()
+    splits = [
+        predict_split(model, task, split, opts.eval_batch_size)
+        for split in (opts.dev_subset, opts.test_subset)
+    ]
+    accuracy = splits[1].accuracy()
+    if "accuracy" in test and abs(accuracy - float(test["accuracy"])) > 0.05 + 1e-9:
+        raise RunFailed(
+            f"{checkpoint}: the per-example predictions give {accuracy:.2f}% on "
+            f"{opts.test_subset}, fairseq-validate {test['accuracy']}%"
+        )
+    write_predictions(path, splits)
 
 
 def portable(cmd: Sequence[str], opts: argparse.Namespace) -> list[str]:
@@ -264,9 +293,10 @@ def execute(
             f"{tag}: training {updates} updates; {progress.elapsed()}, {progress.eta(remaining)}",
             flush=True,
         )
+        # a run linked from another folder (acl-fairseq-study) is trained where it lives
         if run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
+            shutil.rmtree(run_dir.resolve())
+        run_dir.resolve().mkdir(parents=True)
         (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n", encoding="utf-8")
         (run_dir / "run.json").write_text(
             json.dumps(
@@ -326,6 +356,7 @@ def execute(
             + _tail(run_dir / "test.log")
         )
     test = test_metrics((run_dir / "test.log").read_text(encoding="utf-8"), opts.test_subset)
+    save_predictions(opts, best, run_dir / PREDICTIONS_FILE, test)
     meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     result = {
         **{k: v for k, v in meta.items() if k != "train_command"},
