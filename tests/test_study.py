@@ -261,7 +261,8 @@ def _tiny_study(monkeypatch, root: Path) -> Path:
     data = make_dataset_with_test(root / "tiny", (64, 32, 32))
     shutil.copytree(data, work / "data" / "movie-bin")
     model = work / "minilm-fairseq"
-    fairseq_train(data, root / "pretrain", *train_args(max_update=1, no_epoch_checkpoints=True))
+    pretrain = train_args(criterion="sentence_prediction", max_update=1, disable_validation=True)
+    fairseq_train(data, root / "pretrain", *pretrain)
     model.mkdir()
     shutil.copyfile(root / "pretrain" / "checkpoint_last.pt", model / "model.pt")
     (model / "fairseq_args.txt").write_text(" ".join(TINY_ROBERTA) + "\n")
