@@ -37,11 +37,12 @@ def link_run(src_out: Path, dst_out: Path, run: str) -> None:
     """Makes ``dst_out/runs/run`` the finished run of ``src_out`` (compare then skips it)."""
     src = src_out / "runs" / run
     dst = dst_out / "runs" / run
+    if dst.exists() or dst.is_symlink():  # linked before (or a run of its own): kept as it is
+        return
     if not finished(src):
         raise SystemExit(f"{src} is not finished")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    if not dst.exists() and not dst.is_symlink():
-        dst.symlink_to(os.path.relpath(src, dst.parent))
+    dst.symlink_to(os.path.relpath(src, dst.parent))
 
 
 def links(work: Path) -> list[tuple[str, str, str]]:
