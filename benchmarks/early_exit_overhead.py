@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from acl_fairseq.cli import sweep as ees
+from acl_fairseq.cli.sweep import cli as ees
 
 HEAD = "sentence_classification_head"
 GOAL_OVERHEAD = 0.03

@@ -46,9 +46,9 @@ from early_exit_overhead import loop_cost, single_rows  # noqa: E402
 from torch import Tensor
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
-from acl_fairseq.cli import bert_state as cv
-from acl_fairseq.cli import sweep as ees
-from acl_fairseq.exit_policies import EntropyPolicy, softmax_entropy
+from acl_fairseq.cli.sweep import cli as ees
+from acl_fairseq.early_exit.policies import EntropyPolicy, softmax_entropy
+from acl_fairseq.hf_bert import state as cv
 
 HEAD = "sentence_classification_head"
 GOAL_THROUGHPUT_RATIO = 1.0

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from acl_fairseq.cli.fairseq_log import json_records  # noqa: F401  (used by the tests)
+from acl_fairseq.fairseq_log import json_records  # noqa: F401  (used by the tests)
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]

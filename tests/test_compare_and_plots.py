@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from acl_fairseq import fairseq_log
 from acl_fairseq.acl_grad import AngleRecord, read_angle_log
-from acl_fairseq.cli import fairseq_log, plots, sweep_table
 from acl_fairseq.cli.compare import cli as compare_cli
 from acl_fairseq.cli.compare import plan, report
 from acl_fairseq.cli.compare import run as runner
+from acl_fairseq.cli.plots import cli as plots
+from acl_fairseq.early_exit import table as sweep_table
 
 from fairseq_helpers import BIN, TINY_ROBERTA, run, write_sentiment_split
 

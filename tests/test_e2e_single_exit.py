@@ -127,9 +127,9 @@ def test_import_twice_registers_once():
 
     import acl_fairseq
 
-    importlib.reload(acl_fairseq.checkpoint_loading)
-    acl_fairseq.checkpoint_loading.install()
-    acl_fairseq.checkpoint_loading.install()
+    importlib.reload(acl_fairseq.checkpoint.safe_loading)
+    acl_fairseq.checkpoint.safe_loading.install()
+    acl_fairseq.checkpoint.safe_loading.install()
     import acl_fairseq.criterions  # noqa: F401  (second import is a no-op)
 
     assert {"acl_embed", "ce_scl"} <= set(CRITERION_REGISTRY)

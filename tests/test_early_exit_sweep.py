@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from acl_fairseq.cli import sweep as ees
-from acl_fairseq.exit_policies import ExitPolicy
+from acl_fairseq.cli.sweep import cli as ees
+from acl_fairseq.early_exit.policies import ExitPolicy
 from acl_fairseq.models.multi_exit_roberta import EarlyExitResult
 
 from fairseq_helpers import BIN, TINY_MULTI_EXIT, fairseq_train, run, train_args
@@ -329,7 +329,7 @@ def _constructed_exits(
 
 @pytest.mark.parametrize("kind", ["entropy", "maxprob"])
 def test_quantile_thresholds_spread_the_mean_exit_layer(kind: str) -> None:
-    from acl_fairseq.exit_curve import quantile_thresholds
+    from acl_fairseq.early_exit.thresholds import quantile_thresholds
 
     exits, _ = _constructed_exits()
     thresholds = quantile_thresholds(exits, kind, 10)
@@ -347,7 +347,7 @@ def test_quantile_thresholds_spread_the_mean_exit_layer(kind: str) -> None:
 
 
 def test_oracle_rows_equal_a_naive_loop() -> None:
-    from acl_fairseq.cli.sweep_curve import oracle_rows
+    from acl_fairseq.cli.sweep.curve import oracle_rows
 
     exits, target = _constructed_exits(n=60, seed=3)
     final = exits[-1][1].argmax(-1)
@@ -385,7 +385,7 @@ TABLE = [
 
 
 def test_choose_row_for_a_target() -> None:
-    from acl_fairseq.exit_curve import TargetError, choose_row
+    from acl_fairseq.early_exit.thresholds import TargetError, choose_row
 
     assert choose_row(TABLE, max_accuracy_drop=0.5)["threshold"] == 0.2
     assert choose_row(TABLE, max_accuracy_drop=0.0)["threshold"] == 0.1
@@ -419,7 +419,7 @@ def test_sweep_target_flag_errors(tmp_path: Path, capsys) -> None:
 
 
 def test_policy_file_round_trip_and_errors(tmp_path: Path) -> None:
-    from acl_fairseq.exit_policy_file import POLICY_FILE, read_policy, write_policy
+    from acl_fairseq.early_exit.saved_policy import POLICY_FILE, read_policy, write_policy
 
     ckpt = tmp_path / "checkpoint_best.pt"
     ckpt.write_bytes(b"")

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from acl_fairseq.exit_policies import (
+from acl_fairseq.early_exit.policies import (
     EntropyPolicy,
     ExitPolicy,
     MaxProbPolicy,

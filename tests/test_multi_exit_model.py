@@ -18,7 +18,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.roberta import RobertaModel
 from omegaconf import OmegaConf
 
-from acl_fairseq.exit_policies import EntropyPolicy, MaxProbPolicy, PatiencePolicy
+from acl_fairseq.early_exit.policies import EntropyPolicy, MaxProbPolicy, PatiencePolicy
 from acl_fairseq.models.multi_exit_roberta import (
     EarlyExitResult,
     MultiExitClassificationHead,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from acl_fairseq.cli import predict
-from acl_fairseq.cli.predict_examples import ExampleEncoder, InputRow, PredictError
+from acl_fairseq.cli.predict import cli as predict
+from acl_fairseq.cli.predict.inputs import ExampleEncoder, InputRow, PredictError
 from acl_fairseq.cli.prepare import cli as prepare_cli
-from acl_fairseq.cli.sweep import load_batches, load_checkpoint
+from acl_fairseq.cli.sweep.cli import load_batches, load_checkpoint
 
 from fairseq_helpers import (
     NEGATIVE,
@@ -117,7 +117,7 @@ def test_pair_tokens_equal_the_binarized_split(tmp_path: Path) -> None:
 
 def _model_predictions(trained, policy: str | None) -> list[str]:
     """The model's own predictions on the binarized test split (label, layer)."""
-    from acl_fairseq.exit_policies import parse_policy
+    from acl_fairseq.early_exit.policies import parse_policy
 
     model, task = load_checkpoint(trained["ckpt"], trained["data"])
     labels = task.label_dictionary
@@ -233,7 +233,7 @@ def test_hub_encodes_raw_text_like_the_command(trained) -> None:
 
 def test_demo_last_step_classifies_example_sentences(trained) -> None:
     """The demo's last step: acl-fairseq-predict in its own process, one line per sentence."""
-    from acl_fairseq.cli import demo
+    from acl_fairseq.cli.demo import cli as demo
 
     cmd = demo.predict_command(trained["ckpt"], trained["data"])
     assert cmd[1:4] == ["-m", "acl_fairseq.cli.predict", "--path"]
@@ -249,8 +249,8 @@ def test_demo_last_step_classifies_example_sentences(trained) -> None:
 
 
 def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path, capsys) -> None:
-    from acl_fairseq.cli import sweep
-    from acl_fairseq.exit_policy_file import POLICY_FILE, read_policy
+    from acl_fairseq.cli.sweep import cli as sweep
+    from acl_fairseq.early_exit.saved_policy import POLICY_FILE, read_policy
     from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
 
     ckpt = tmp_path / "model" / trained["ckpt"].name  # own folder: the fixture's stays bare

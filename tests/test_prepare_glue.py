@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from acl_fairseq.cli.prepare import binarize, tasks, tokenizers
 from acl_fairseq.cli.prepare import cli as prepare_cli
+from acl_fairseq.data import binarize, tasks, tokenizers
 
 WORDS = "the a cat dog sat ran on under mat table big small red blue quickly slowly".split()
 NUM_TRAIN, NUM_DEV, NUM_TEST = 8, 5, 3

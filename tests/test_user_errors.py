@@ -18,7 +18,7 @@ from fairseq import checkpoint_utils
 from fairseq.data import Dictionary, indexed_dataset
 
 import acl_fairseq  # noqa: F401  (installs the checkpoint checks)
-from acl_fairseq.checkpoint_loading import check_restore_file
+from acl_fairseq.checkpoint.safe_loading import check_restore_file
 from acl_fairseq.input_checks import check_split_files
 
 from fairseq_helpers import (
@@ -87,12 +87,12 @@ def test_explicit_restore_file_over_a_resumable_save_dir_is_warned_about(tmp_pat
     pretrained = tmp_path / "model.pt"
     pretrained.write_bytes(b"")
     cfg = restore_cfg(tmp_path / "ck", str(pretrained))
-    with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint_loading"):
+    with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint.safe_loading"):
         assert check_restore_file(cfg) == str(pretrained)
     assert not caplog.records  # no checkpoint_last.pt: nothing to say
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "checkpoint_last.pt").write_bytes(b"")
-    with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint_loading"):
+    with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint.safe_loading"):
         assert check_restore_file(cfg) == str(pretrained)
     last = tmp_path / "ck" / "checkpoint_last.pt"
     assert f"this run starts over from {pretrained}" in caplog.text

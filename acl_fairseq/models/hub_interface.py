@@ -8,7 +8,7 @@ from fairseq import utils
 from fairseq.models.roberta.hub_interface import RobertaHubInterface
 from torch import Tensor
 
-from ..exit_policies import EntropyPolicy, ExitPolicy, as_policy
+from ..early_exit.policies import EntropyPolicy, ExitPolicy, as_policy
 from .types import EarlyExitResult
 
 __all__ = ["MultiExitRobertaHubInterface"]

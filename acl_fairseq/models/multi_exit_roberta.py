@@ -33,9 +33,9 @@ from fairseq.models.roberta.model import (
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from ..exit_policies import ExitPolicy, as_policy
-from ..exit_policy_file import POLICY_FILE, read_policy
-from .early_exit_loop import run_early_exit
+from ..early_exit.loop import run_early_exit
+from ..early_exit.policies import ExitPolicy, as_policy
+from ..early_exit.saved_policy import POLICY_FILE, read_policy
 from .hub_interface import MultiExitRobertaHubInterface
 from .pooling import MeanWeights, masked_mean
 from .types import EarlyExitResult, ExitOutput
@@ -213,7 +213,7 @@ class MultiExitRobertaModel(RobertaModel):
             if data.startswith("."):  # as hub_utils resolves it
                 data = os.path.join(model_name_or_path, data)
             if os.path.isfile(os.path.join(data, "prepare_glue.json")):
-                from acl_fairseq.cli.prepare.recorded_bpe import recorded_bpe
+                from acl_fairseq.data.text_encoder import recorded_bpe
 
                 recorded = recorded_bpe(data)
             bpe = None if recorded is not None else "gpt2"

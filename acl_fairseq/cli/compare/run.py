@@ -26,8 +26,8 @@ from acl_fairseq.cli.compare.plan import (
     total_updates,
 )
 from acl_fairseq.cli.compare.report import angle_summary
-from acl_fairseq.cli.fairseq_log import best_dev, json_records, test_metrics
-from acl_fairseq.cli.paths import BIN, USER_DIR
+from acl_fairseq.fairseq_log import best_dev, json_records, test_metrics
+from acl_fairseq.paths import BIN, USER_DIR
 
 
 def method_flags(run: Run, opts: argparse.Namespace) -> list[str]:

@@ -63,8 +63,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from acl_fairseq.cli.prepare.binarize import Options, prepare_task
-from acl_fairseq.cli.prepare.tasks import (
+from acl_fairseq.data.binarize import Options, prepare_task
+from acl_fairseq.data.tasks import (
     GLUE_TASKS,
     BadRow,
     DataError,
@@ -74,7 +74,7 @@ from acl_fairseq.cli.prepare.tasks import (
     load_task,
     resolve_tasks,
 )
-from acl_fairseq.cli.prepare.tokenizers import TOKENIZERS, TokenizerConfig
+from acl_fairseq.data.tokenizers import TOKENIZERS, TokenizerConfig
 
 logger = logging.getLogger("prepare_glue")
 
@@ -275,7 +275,11 @@ def run(args: argparse.Namespace) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns the exit status."""
+    """The ``acl-fairseq-prepare`` command (logging to stderr); returns the exit status."""
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        level=os.environ.get("LOGLEVEL", "INFO").upper(),
+    )
     args = build_parser().parse_args(argv)
     try:
         run(args)
@@ -285,14 +289,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def console_main() -> int:
-    """The ``acl-fairseq-prepare`` command: ``main`` with logging to stderr."""
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        level=os.environ.get("LOGLEVEL", "INFO").upper(),
-    )
-    return main()
-
-
 if __name__ == "__main__":
-    sys.exit(console_main())
+    sys.exit(main())

@@ -25,8 +25,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from acl_fairseq.cli import demo
-from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
+from acl_fairseq.cli.demo import cli as demo
+from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 
 DEMO_TRAIN, DEV, TEST = 1600, 600, 2000
 PAIR_SPLITS = {"train": (0, 6000), "dev": (6000, 7000), "test": (7000, 10000)}

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from acl_fairseq.cli.compare.cli import main as compare_main
 from acl_fairseq.cli.compare.plan import count_examples
-from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
+from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 
 # Sized to about 10-15 CPU-hours on 2 cores (1 thread per run, 2 runs at a time): an epoch cap
 # of 2, a 2-point lambda grid at tau 0.3 (the same for both methods and both tasks), one epoch

@@ -40,8 +40,8 @@ from typing import Any
 
 from acl_fairseq.acl_grad import AngleRecord, read_angle_log, scope_agreement
 from acl_fairseq.cli.compare.plan import METRIC_RE, count_examples, flag_value
-from acl_fairseq.cli.fairseq_log import log_records
-from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
+from acl_fairseq.fairseq_log import log_records
+from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 
 SUMMARY_COLUMNS = [
     "study", "method", "variant", "n_train", "seeds", "updates_per_stage", "split", "metric",
@@ -403,7 +403,7 @@ def grid_and_exit_figures(records: list[dict], work: Path, out: Path) -> None:
         write_csv(fig_dir / "lambda.csv", ["task", "method", "lambda_tau", "dev", "test"], rows)
     tables = sorted((work / "runs").glob("*/earlyexit/*.tsv"))
     if tables:
-        from acl_fairseq.cli.sweep_table import read_sweep
+        from acl_fairseq.early_exit.table import read_sweep
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for table in tables:

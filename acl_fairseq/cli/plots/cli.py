@@ -50,8 +50,8 @@ from acl_fairseq.acl_grad import read_angle_log  # noqa: E402
 from acl_fairseq.cli.compare import report as compare_report  # noqa: E402
 from acl_fairseq.cli.compare.cli import HelpFormatter  # noqa: E402
 from acl_fairseq.cli.compare.plan import MULTI_EXIT_METHODS, SWEEP_METHODS  # noqa: E402
-from acl_fairseq.cli.sweep_table import EARLY_EXIT_CSV, read_sweep  # noqa: E402
-from acl_fairseq.cli.tsne import pooled_features, tsne_embed  # noqa: E402
+from acl_fairseq.cli.plots.tsne import pooled_features, tsne_embed  # noqa: E402
+from acl_fairseq.early_exit.table import EARLY_EXIT_CSV, read_sweep  # noqa: E402
 
 ANGLE_METHODS = ("ce_scl", "acl")
 TSNE_METHODS = (("ce", "CE"), ("acl", "ACL (ACL-Embed + ACL-Grad)"))

@@ -12,7 +12,7 @@ from, the 1-based layer of that exit). A summary goes to stderr.
 
 The text is encoded exactly as the training data: the tokenizer recorded by
 ``acl-fairseq-prepare`` in ``DATA/prepare_glue.json``, the source dictionary, the task's
-``--init-token`` / ``--separator-token`` (see :mod:`acl_fairseq.cli.predict_examples`).
+``--init-token`` / ``--separator-token`` (see :mod:`acl_fairseq.cli.predict.inputs`).
 ``DATA`` is the checkpoint's own data folder unless ``--data`` is given.
 """
 
@@ -28,9 +28,9 @@ from typing import Any, TextIO
 import torch
 from torch import Tensor
 
-from acl_fairseq.cli.predict_examples import ExampleEncoder, PredictError, parse_columns, read_rows
-from acl_fairseq.exit_policies import ExitPolicy, parse_policy
-from acl_fairseq.exit_policy_file import POLICY_FILE, policy_path, read_policy
+from acl_fairseq.cli.predict.inputs import ExampleEncoder, PredictError, parse_columns, read_rows
+from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
+from acl_fairseq.early_exit.saved_policy import POLICY_FILE, policy_path, read_policy
 
 DEFAULT_HEAD = "sentence_classification_head"
 PROG = "acl-fairseq-predict"
@@ -178,8 +178,8 @@ def _read_input(path: str, stdin: TextIO) -> list[str]:
 
 
 def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
-    from acl_fairseq.cli.prepare.binarize import read_meta
-    from acl_fairseq.cli.sweep import load_checkpoint
+    from acl_fairseq.cli.sweep.cli import load_checkpoint
+    from acl_fairseq.data.binarize import read_meta
 
     columns = parse_columns(args.text_columns)
     if args.batch_size < 1:

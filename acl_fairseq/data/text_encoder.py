@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from acl_fairseq.cli.prepare.tokenizers import (
+from acl_fairseq.data.tokenizers import (
     Gpt2Tokenizer,
     SentencePieceTokenizer,
     Tokenizer,
@@ -34,6 +34,6 @@ class RecordedBpe:
 
 def recorded_bpe(data_dir: str | Path) -> RecordedBpe:
     """The ``RecordedBpe`` of a prepared folder (``DATA/prepare_glue.json``)."""
-    from acl_fairseq.cli.prepare.binarize import meta_tokenizer
+    from acl_fairseq.data.binarize import meta_tokenizer
 
     return RecordedBpe(meta_tokenizer(data_dir))

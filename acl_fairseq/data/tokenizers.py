@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from acl_fairseq.cli.prepare.tasks import DataError
+from acl_fairseq.data.tasks import DataError
 
 logger = logging.getLogger("prepare_glue")
 

@@ -72,7 +72,7 @@ def read_rows(
 class ExampleEncoder:
     """Text(s) of one example -> the ``src_tokens`` the model was trained on."""
 
-    tokenizer: Any  # acl_fairseq.cli.prepare.tokenizers.Tokenizer
+    tokenizer: Any  # acl_fairseq.data.tokenizers.Tokenizer
     dictionary: Any  # fairseq Dictionary (input0/dict.txt)
     num_inputs: int
     init_token: int | None
@@ -83,8 +83,8 @@ class ExampleEncoder:
     @classmethod
     def from_task(cls, task: Any, data_dir: str | Path, max_positions: int) -> ExampleEncoder:
         """The encoder of a loaded ``sentence_prediction`` task on its prepared data folder."""
-        from acl_fairseq.cli.prepare.binarize import meta_tokenizer
-        from acl_fairseq.cli.prepare.tasks import DataError
+        from acl_fairseq.data.binarize import meta_tokenizer
+        from acl_fairseq.data.tasks import DataError
 
         try:
             tokenizer = meta_tokenizer(data_dir)
@@ -106,7 +106,7 @@ class ExampleEncoder:
 
     def encode_text(self, text: str) -> Tensor:
         """One text -> dictionary ids ending in ``</s>`` (as fairseq-preprocess writes them)."""
-        from acl_fairseq.cli.prepare.tokenizers import text_tokens
+        from acl_fairseq.data.tokenizers import text_tokens
 
         line = " ".join(text_tokens(self.tokenizer, text))
         ids = self.dictionary.encode_line(line, append_eos=True, add_if_not_exist=False)

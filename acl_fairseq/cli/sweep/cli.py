@@ -22,19 +22,19 @@ Usage::
 
 ``DATA`` is the binarized ``sentence_prediction`` directory (``DATA/{input0,input1,label}``).
 
-The whole curve: ``--thresholds quantiles[:N]`` (N = 10 by default) takes N thresholds from
-the exits' confidences on the split (one ``exit_outputs`` pass), spaced so that their mean
-exit layers are evenly spread from full depth to the first exit
-(``acl_fairseq.exit_curve.quantile_thresholds``); without ``--thresholds`` the fixed grid of
-``default_thresholds`` is swept. Two rows bound any policy, from the same pass and with no
-timing: ``oracle-final`` (every sentence leaves at the earliest exit that agrees with the
-final exit: the full model's accuracy at the smallest mean exit layer) and ``oracle-gold``
-(the earliest exit that is right: an upper bound on the accuracy).
+The whole curve: ``--thresholds quantiles[:N]`` (N = 10 by default) takes N thresholds from the
+exits' confidences on the split (one ``exit_outputs`` pass), spaced so that their mean exit
+layers are evenly spread from full depth to the first exit
+(``acl_fairseq.early_exit.thresholds.quantile_thresholds``); without ``--thresholds`` the fixed
+grid of ``default_thresholds`` is swept. Two rows bound any policy, from the same pass and with
+no timing: ``oracle-final`` (every sentence leaves at the earliest exit that agrees with the
+final exit: the full model's accuracy at the smallest mean exit layer) and ``oracle-gold`` (the
+earliest exit that is right: an upper bound on the accuracy).
 
 Deploying: ``--max-accuracy-drop D`` (the fastest threshold at most D points below the full
 model on the split) or ``--target-speedup S`` (the most accurate threshold with a layer-count
 speed-up of at least S) writes the chosen policy to ``early_exit_policy.json`` next to the
-checkpoint (``acl_fairseq.exit_policy_file``), which ``acl-fairseq-predict`` and the hub's
+checkpoint (``acl_fairseq.early_exit.saved_policy``), which ``acl-fairseq-predict`` and the hub's
 ``predict_early_exit`` use when no policy is given::
 
     acl-fairseq-sweep CKPT DATA --thresholds quantiles:20 --max-accuracy-drop 1
@@ -56,8 +56,8 @@ import torch
 from torch import Tensor
 
 import acl_fairseq  # noqa: F401  (registers the plugin; safe checkpoint loading)
-from acl_fairseq.cli.sweep_checks import check_split, check_thresholds
-from acl_fairseq.cli.sweep_curve import (
+from acl_fairseq.cli.sweep.checks import check_split, check_thresholds
+from acl_fairseq.cli.sweep.curve import (
     POLICY_KINDS,
     Quantiles,
     choose_and_save,
@@ -69,14 +69,14 @@ from acl_fairseq.cli.sweep_curve import (
     sweep_thresholds,
     threshold_spec,
 )
-from acl_fairseq.cli.sweep_table import (
+from acl_fairseq.early_exit.policies import ExitPolicy
+from acl_fairseq.early_exit.table import (
     COLUMNS,
     format_layer_scores,
     format_markdown,
     write_table,
 )
-from acl_fairseq.exit_curve import TargetError, simulate_exits
-from acl_fairseq.exit_policies import ExitPolicy
+from acl_fairseq.early_exit.thresholds import TargetError, simulate_exits
 
 __all__ = [
     "COLUMNS",

@@ -1,5 +1,5 @@
 """Hugging Face BERT -> fairseq RoBERTa: the architecture, the vocabulary and the state-dict
-mapping (see ``acl_fairseq.cli.convert_bert`` for the checkpoint and the command)."""
+mapping (see ``acl_fairseq.hf_bert.convert`` for the checkpoint and the command)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .exit_policies import ExitPolicy, softmax_entropy
+from .policies import ExitPolicy, softmax_entropy
 
 __all__ = [
     "ExitLogits",

@@ -15,7 +15,7 @@ THRESHOLD_RANGES = {
 
 def check_thresholds(kind: str, thresholds: Sequence[float]) -> None:
     """Raise ``ValueError`` (naming ``--thresholds``) for a threshold ``kind`` does not accept,
-    the ranges of ``acl_fairseq.exit_policies.parse_policy``."""
+    the ranges of ``acl_fairseq.early_exit.policies.parse_policy``."""
     for t in thresholds:
         if kind == "entropy":
             bad = math.isnan(t) or t < 0

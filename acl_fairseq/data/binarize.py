@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from acl_fairseq.cli.prepare.tasks import DataError, SplitData, TaskSpec
-from acl_fairseq.cli.prepare.tokenizer_files import relative_to, resolve_tokenizer, store_tokenizer
-from acl_fairseq.cli.prepare.tokenizers import (
+from acl_fairseq.data.tasks import DataError, SplitData, TaskSpec
+from acl_fairseq.data.tokenizer_files import relative_to, resolve_tokenizer, store_tokenizer
+from acl_fairseq.data.tokenizers import (
     Tokenizer,
     TokenizerConfig,
     build_tokenizer,
@@ -24,7 +24,7 @@ from acl_fairseq.cli.prepare.tokenizers import (
     tokenize_texts,
     train_sentencepiece,
 )
-from acl_fairseq.cli.prepare.vocab_check import check_srcdict_coverage
+from acl_fairseq.data.vocab_check import check_srcdict_coverage
 
 logger = logging.getLogger("prepare_glue")
 

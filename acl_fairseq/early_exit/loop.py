@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..exit_policies import ExitPolicy
-from .pooling import MeanWeights, masked_mean
-from .types import EarlyExitResult
+from ..models.pooling import MeanWeights, masked_mean
+from ..models.types import EarlyExitResult
+from .policies import ExitPolicy
 
 __all__ = ["run_early_exit"]
 

@@ -13,9 +13,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from acl_fairseq.exit_curve import choose_row, oracle_exits, quantile_thresholds
-from acl_fairseq.exit_policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, PatiencePolicy
-from acl_fairseq.exit_policy_file import write_policy
+from acl_fairseq.early_exit.policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, PatiencePolicy
+from acl_fairseq.early_exit.saved_policy import write_policy
+from acl_fairseq.early_exit.thresholds import choose_row, oracle_exits, quantile_thresholds
 
 DEFAULT_QUANTILES = 10
 POLICY_KINDS = ("entropy", "maxprob", "patience")

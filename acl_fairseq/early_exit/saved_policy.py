@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .exit_policies import parse_policy
+from .policies import parse_policy
 
 __all__ = ["POLICY_FILE", "SavedPolicy", "policy_path", "read_policy", "write_policy"]
 
