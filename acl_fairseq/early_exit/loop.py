@@ -1,24 +1,23 @@
-"""The batched early-exit loop of ``MultiExitRobertaModel.early_exit``.
+"""The early-exit loop of ``MultiExitRobertaModel.early_exit``: one batched loop, batch 1 included.
 
 It mirrors ``TransformerEncoder.forward`` layer by layer and keeps the work per layer small:
 
 * a policy that can never let a row out before the last exit (``ExitPolicy.never_exits``:
-  ``entropy:0``, ``maxprob`` above 1, a patience of at least the number of shallow exits) runs
-  the plain full-depth forward: no exit head is evaluated;
-* at a shallow exit with ``first`` pooling only the first position is layer-normed and fed to
-  the head (the same numbers as normalising every position and pooling afterwards);
-* one host sync per shallow exit (does any row leave?) and, only where some row leaves, a
-  second one (how many rows stay and, with padding, the new width), and nothing else: the
-  kept rows are found with a stable sort of the exit mask (no ``nonzero``),
-  the leaving rows' logits are written with ``index_copy_`` on the running rows (rows that
-  stay are overwritten at their own exit later), and the batch is compacted only when some
-  row leaves;
+  ``entropy:0``, a patience of at least the number of shallow exits) runs the plain
+  full-depth forward: no exit head is evaluated;
+* an exit's logits come from its head (``pool`` then ``classify``, as in training) on what the
+  exit sees (``model.exit_hidden``); with ``first`` pooling only the first position is
+  layer-normed (the same numbers as normalising every position and pooling afterwards);
+* the policy decides on the device (``ExitPolicy.decide``, the one rule of each policy); one
+  host sync per shallow exit (does any row leave?) and, only where some row leaves and more
+  than one row runs, a second one (how many rows stay and, with padding, the new width): the
+  kept rows are found with a stable sort of the exit mask (no ``nonzero``), the leaving rows'
+  logits are written with ``index_copy_`` on the running rows (rows that stay are overwritten
+  at their own exit later), and the batch is compacted only when some row leaves;
+* a single running row (batch 1, or the last row of a batch) stops at its exit with no row
+  bookkeeping;
 * the padding bookkeeping uses per-row lengths computed once (no padding mask recomputed),
-  and ``mean`` pooling uses weights computed once (``pooling.MeanWeights``);
-* a single row without padding (batch 1) takes ``_run_single_row``: no row bookkeeping, the
-  policy decides on the host (``ExitPolicy.decide_row``: one ``tolist`` per exit) and the
-  loop stops at the row's exit. At batch 1 the per-exit cost is what remains: the head
-  (pooling, dense, activation, out_proj) and that one sync.
+  and ``mean`` pooling uses weights computed once (``pooling.MeanWeights``).
 
 Results equal the per-example and full-depth runs (the tests check both).
 """
@@ -30,72 +29,27 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..models.pooling import MeanWeights, masked_mean
+from ..models.pooling import MeanWeights
 from ..models.types import EarlyExitResult
 from .policies import ExitPolicy
 
 __all__ = ["run_early_exit"]
 
 
-def _classify(head: Any, pooled: Tensor) -> Tensor:
-    """Logits (B x K) of ``head`` on pooled features (B x C): dense, activation, out_proj
-    (dropout is the identity in eval mode)."""
-    return head.out_proj(head.activation_fn(head.dense(pooled)))
-
-
-def _head_logits(model: Any, head: Any, x: Tensor, mean: MeanWeights | None) -> Tensor:
-    """Logits (B x K) of the exit ``head`` on the hidden states ``x`` (T x B x C) after a layer.
-
-    With ``first`` pooling only ``x[0]`` goes through the final layer norm (per position, so
-    the same values); ``mean`` pooling uses the precomputed ``mean`` weights.
-    """
-    layer_norm = model.encoder.sentence_encoder.layer_norm
+def _exit_logits(model: Any, head: Any, x: Tensor, mean: MeanWeights | None) -> Tensor:
+    """Logits (B x K) of the exit ``head`` on the hidden states ``x`` (T x B x C) after its
+    layer. ``first`` pooling reads position 0 only, so only it goes through ``exit_hidden``
+    (a per-position layer norm); ``mean`` pooling uses the precomputed ``mean`` weights."""
     if head.pooling == "first":
-        pooled = x[0]  # B x C
-        if layer_norm is not None:
-            pooled = layer_norm(pooled)
-        return _classify(head, pooled)
-    assert mean is not None, "mean pooling needs its weights"
-    return _classify(head, masked_mean(model._exit_hidden(x).transpose(0, 1), mean))
+        x = x[:1]
+    features = model.exit_hidden(x).transpose(0, 1)  # B x T' x C
+    return head.classify(head.pool(features, weights=mean))[0]
 
 
 def _run_layer(layer: Any, x: Tensor, padding_mask: Tensor | None) -> Tensor:
     """One encoder layer on ``x`` (T x B x C); fairseq layers return ``(x, attn)`` or ``x``."""
     out = layer(x, encoder_padding_mask=padding_mask)
     return out[0] if isinstance(out, tuple) and len(out) == 2 else out
-
-
-def _uses_mean(heads: dict[int, Any]) -> bool:
-    """True when some exit head pools with ``mean``."""
-    return any(head.pooling == "mean" for head in heads.values())
-
-
-def _run_single_row(
-    model: Any, x: Tensor, policy: ExitPolicy, heads: dict[int, Any]
-) -> EarlyExitResult:
-    """The loop for one row without padding, from its embedded tokens ``x`` (T x 1 x C).
-
-    No row bookkeeping: per exit the head runs, ``policy.decide_row`` decides with one host
-    sync, and the loop stops at the first exit the row takes.
-    """
-    encoder = model.encoder.sentence_encoder
-    no_pads = torch.zeros(1, x.size(0), dtype=torch.bool, device=x.device)
-    mean = MeanWeights(no_pads, has_pads=False) if _uses_mean(heads) else None
-    state = policy.init_row_state(x.device)
-    num_layers = int(model.num_layers)
-    for layer_idx, layer in enumerate(encoder.layers, start=1):
-        x = _run_layer(layer, x, None)
-        head = heads.get(layer_idx)
-        if head is None:
-            continue
-        logits = _head_logits(model, head, x, mean)  # 1 x K
-        if layer_idx == num_layers:
-            break
-        leaves, state = policy.decide_row(logits, state)
-        if leaves:
-            break
-    exit_layer = torch.full((1,), layer_idx, dtype=torch.long, device=x.device)
-    return EarlyExitResult(logits.argmax(dim=-1), exit_layer, logits)
 
 
 def run_early_exit(
@@ -119,21 +73,20 @@ def run_early_exit(
         return EarlyExitResult(logits.argmax(dim=-1), layers, logits)
 
     encoder = model.encoder.sentence_encoder
-    padding_mask = model._padding_mask(src_tokens)  # B x T
+    padding_mask = model.padding_mask(src_tokens)  # B x T
     has_pads = bool(padding_mask.any())  # one host sync here
     x, _ = encoder.forward_embedding(src_tokens)  # B x T x C
     if has_pads:  # the encoder multiplies by 1 when there is no padding: skip that
         x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
     x = x.transpose(0, 1)  # T x B x C
-    if bsz == 1 and not has_pads:
-        return _run_single_row(model, x, policy, heads)
 
     nonpad = ~padding_mask
     # per row: number of real tokens and 1 + position of the last one (for trimming)
     counts = nonpad.sum(dim=1)
     positions = torch.arange(1, src_tokens.size(1) + 1, device=device)
     ends = (nonpad * positions).amax(dim=1) if src_tokens.size(1) > 0 else counts
-    mean = MeanWeights(padding_mask, has_pads) if _uses_mean(heads) else None
+    uses_mean = any(head.pooling == "mean" for head in heads.values())
+    mean = MeanWeights(padding_mask, has_pads) if uses_mean else None
     rows = torch.arange(bsz, device=device)  # original index of each running row
     state = policy.init_state(bsz, device)
     exit_layers = torch.full((bsz,), num_layers, dtype=torch.long, device=device)
@@ -143,7 +96,7 @@ def run_early_exit(
         x = _run_layer(layer, x, padding_mask if has_pads else None)
         if layer_idx not in heads:
             continue
-        logits = _head_logits(model, heads[layer_idx], x, mean)  # B' x K
+        logits = _exit_logits(model, heads[layer_idx], x, mean)  # B' x K
         if all_logits is None:
             all_logits = logits.new_zeros(bsz, logits.size(-1))
         if layer_idx == num_layers:  # every running row exits at the last layer
@@ -153,6 +106,10 @@ def run_early_exit(
         exit_mask, state = policy.decide(logits, state)
         if not bool(exit_mask.any()):  # one host sync; nobody leaves here
             continue
+        if x.size(1) == 1:  # a single running row leaves: no row bookkeeping
+            all_logits.index_copy_(0, rows, logits)
+            exit_layers.index_fill_(0, rows, layer_idx)
+            break
         stay = ~exit_mask
         if has_pads:  # kept rows, their widest end and fewest real tokens: one sync
             big = torch.iinfo(counts.dtype).max

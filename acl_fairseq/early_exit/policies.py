@@ -1,8 +1,8 @@
-"""Early-exit policies, batched, in pure torch (no fairseq import).
+"""Early-exit policies, batched, in pure torch (no fairseq import): one registry of the kinds.
 
 A policy decides, for every row of a batch, whether the example leaves the network at the
-current exit. The caller (``MultiExitRobertaModel.early_exit``) walks the exits in layer
-order and, at each one, calls ``decide`` with the logits of the rows still running::
+current exit. The loop (``early_exit.loop.run_early_exit``) walks the exits in layer order
+and, at each one, calls ``decide`` with the logits of the rows still running::
 
     state = policy.init_state(batch_size, device)
     for each shallow exit:
@@ -14,23 +14,18 @@ Every tensor in ``state`` is per row (first dimension = rows still running), so 
 drop the rows that exited by indexing the state like the hidden states. Policies themselves are
 immutable dataclasses; all per-call information lives in ``state``.
 
-Policies:
+Kinds (``POLICIES``; a new kind is one class here with ``@register_policy``):
 
-* ``EntropyPolicy(threshold)`` (DeeBERT): exit when the entropy (nats) of ``softmax(logits)``
-  is ``< threshold``. ``threshold=0`` never exits, ``threshold=inf`` always exits.
-* ``MaxProbPolicy(threshold)``: exit when ``max softmax(logits) >= threshold``.
-  ``threshold=0`` always exits; a threshold above 1 never exits.
-* ``PatiencePolicy(patience)`` (PABEE): a per-row counter of consecutive exits whose argmax
-  equals the previous exit's argmax (0 at the first exit, which has no predecessor; reset to
-  0 when the prediction changes); exit when the counter reaches ``patience``. Patience ``t``
-  exits at the ``(t+1)``-th exit at the earliest; patience 0 exits at the first exit.
+* ``entropy:T`` (DeeBERT): exit when the entropy (nats) of ``softmax(logits)`` is ``< T``;
+  ``T >= 0``: 0 never exits, ``inf`` always exits.
+* ``maxprob:T``: exit when ``max softmax(logits) >= T``; ``T`` in ``[0, 1]``: 0 always exits.
+* ``patience:N`` (PABEE): a per-row counter of consecutive exits whose argmax equals the
+  previous exit's argmax (0 at the first exit, which has no predecessor; reset to 0 when the
+  prediction changes); exit when the counter reaches ``N``. Patience ``N`` exits at the
+  ``(N+1)``-th exit at the earliest; patience 0 exits at the first exit.
 
-For a single running row the loop calls ``decide_row`` instead (one host sync, a scalar
-decision; the same decision as ``decide``): entropy and maxprob compute the softmax of the
-row's logits in Python (float64) and fall back to ``decide`` when the value lies within a
-guard band around the threshold, where float32 rounding could flip the comparison.
-
-``parse_policy("entropy:0.3" | "maxprob:0.9" | "patience:2")`` builds one from a string.
+Each kind states its values once (``value_range``, checked by the constructor), its default
+sweep grid (``default_grid``) and its string form (``spec``, read back by ``parse_policy``).
 """
 
 from __future__ import annotations
@@ -38,24 +33,34 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "ExitPolicy",
+    "POLICIES",
+    "ConfidencePolicy",
     "EntropyPolicy",
+    "ExitPolicy",
     "MaxProbPolicy",
     "PatiencePolicy",
     "PolicyState",
-    "parse_policy",
     "as_policy",
+    "make_policy",
+    "parse_policy",
+    "policy_kind",
+    "register_policy",
     "softmax_entropy",
 ]
 
 PolicyState = dict[str, Tensor]
 """Per-row policy state: every tensor has the batch (rows still running) as first dim."""
+
+POLICIES: dict[str, type[ExitPolicy]] = {}
+"""Every policy kind by name (``entropy``, ``maxprob``, ``patience``)."""
+
+_SYNTAX = '"KIND:VALUE" with KIND one of {kinds} (e.g. "entropy:0.3", "patience:2")'
 
 
 def softmax_entropy(logits: Tensor) -> Tensor:
@@ -72,34 +77,47 @@ def softmax_entropy(logits: Tensor) -> Tensor:
     return -plogp.sum(dim=-1)
 
 
-def _host_softmax(values: list[float]) -> tuple[float, list[float], float] | None:
-    """``(max, exp(v - max) per class, their sum)`` of one row's logits in float64, or None
-    when a logit is not finite (the caller then decides in torch)."""
-    if not all(math.isfinite(v) for v in values):
-        return None
-    top = max(values)
-    exps = [math.exp(v - top) for v in values]
-    return top, exps, sum(exps)
-
-
-def _near(value: float, threshold: float, num_classes: int) -> bool:
-    """True when float32 rounding of ``value`` (an entropy or a probability computed in
-    float64 here, in float32 by ``decide``) or of ``threshold`` could flip a comparison.
-
-    The float32 error of the softmax entropy is below ``~1e-7 * (1 + log K)^2``; the band is
-    100 times wider, and ``1e-5`` absolute covers thresholds that round to 0 in float32.
-    """
-    band = 1e-5 * (1.0 + math.log(max(num_classes, 1))) ** 2 + 1e-5 * abs(threshold)
-    return abs(value - threshold) <= band
-
-
 def _check_logits(logits: Tensor) -> None:
     if logits.dim() != 2:
         raise ValueError(f"logits must be B x K, got shape {tuple(logits.shape)}")
 
 
+def register_policy(cls: type[ExitPolicy]) -> type[ExitPolicy]:
+    """Class decorator: adds ``cls`` to ``POLICIES`` under ``cls.kind``."""
+    POLICIES[cls.kind] = cls
+    return cls
+
+
 class ExitPolicy(ABC):
     """Common interface of the exit policies."""
+
+    kind: ClassVar[str]
+    """Registry name, the ``KIND`` of ``KIND:VALUE``."""
+    value_range: ClassVar[str]
+    """The values the kind accepts, in words (the one range check is the constructor's)."""
+
+    @classmethod
+    @abstractmethod
+    def from_value(cls, value: Any) -> ExitPolicy:
+        """The policy at ``value`` (a number or its string); ``ValueError`` outside the range."""
+
+    @staticmethod
+    @abstractmethod
+    def default_grid(num_classes: int, num_shallow_exits: int) -> list[float]:
+        """Values swept by default: from 'never exits early' to '(almost) always at exit 1'."""
+
+    @property
+    @abstractmethod
+    def value(self) -> float:
+        """The policy's one parameter (threshold or patience)."""
+
+    @property
+    def spec(self) -> str:
+        """``KIND:VALUE``, full precision: ``parse_policy(p.spec) == p``."""
+        value = self.value
+        if isinstance(value, float):
+            return f"{self.kind}:{'inf' if math.isinf(value) else repr(value)}"
+        return f"{self.kind}:{value}"
 
     def init_state(self, batch_size: int, device: torch.device | str | None = None) -> PolicyState:
         """Initial per-row state for ``batch_size`` rows (empty for stateless policies)."""
@@ -109,19 +127,6 @@ class ExitPolicy(ABC):
         """True when no row can leave at any of ``num_shallow_exits`` shallow exits, whatever
         the logits (the loop then runs the plain full-depth forward)."""
         return num_shallow_exits == 0
-
-    def init_row_state(self, device: torch.device | str | None = None) -> Any:
-        """Initial state of a single row for ``decide_row`` (opaque to the caller)."""
-        return self.init_state(1, device)
-
-    def decide_row(self, logits: Tensor, state: Any) -> tuple[bool, Any]:
-        """``decide`` for a single row: 1 x K logits -> ``(leaves now, new row state)``.
-
-        One host sync. The default runs ``decide`` on the 1-row state of ``init_row_state``;
-        the built-in policies decide on the host (see the module docstring).
-        """
-        exit_mask, state = self.decide(logits, state)
-        return bool(exit_mask[0]), state
 
     @abstractmethod
     def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
@@ -136,98 +141,157 @@ class ExitPolicy(ABC):
             new_state holds B-row tensors (the caller removes the exiting rows itself).
         """
 
+    @classmethod
+    def value_name(cls) -> str:
+        """What the value is called in messages (``patience``, ``entropy threshold``)."""
+        return cls.kind
+
+    @classmethod
+    def _bad(cls, value: Any) -> ValueError:
+        """The one message of a value outside ``value_range``."""
+        return ValueError(f"{cls.value_name()} must be {cls.value_range}, got {value!r}")
+
 
 @dataclass(frozen=True)
-class EntropyPolicy(ExitPolicy):
-    """DeeBERT: exit when the entropy (nats) of ``softmax(logits)`` is below ``threshold``.
+class ConfidencePolicy(ExitPolicy):
+    """A stateless policy: a per-row confidence ``score`` of the logits against ``threshold``.
 
-    ``threshold`` must be ``>= 0``; 0 never exits, ``float("inf")`` always exits.
+    ``bounds`` are the thresholds allowed (inclusive); ``exits_above``: a row leaves when its
+    score is ``>= threshold`` (else when it is ``< threshold``).
     """
 
     threshold: float
+    bounds: ClassVar[tuple[float, float]]
+    exits_above: ClassVar[bool]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool):
-            raise ValueError(f"entropy threshold must be a number, got {self.threshold!r}")
-        if math.isnan(self.threshold) or self.threshold < 0:
-            raise ValueError(f"entropy threshold must be >= 0, got {self.threshold}")
+        low, high = self.bounds
+        t = self.threshold
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not low <= t <= high:
+            raise self._bad(t)
+
+    @classmethod
+    def value_name(cls) -> str:
+        return f"{cls.kind} threshold"
+
+    @classmethod
+    def from_value(cls, value: Any) -> ConfidencePolicy:
+        try:
+            threshold = float(value)
+        except (TypeError, ValueError):
+            raise cls._bad(value) from None
+        return cls(threshold)
+
+    @property
+    def value(self) -> float:
+        return float(self.threshold)
+
+    @staticmethod
+    @abstractmethod
+    def score(logits: Tensor) -> Tensor:
+        """B x K logits -> B confidence scores (float32)."""
+
+    @classmethod
+    def always_exits(cls) -> float:
+        """The threshold every row passes (``inf`` for entropy, 0 for maxprob)."""
+        return cls.bounds[0] if cls.exits_above else cls.bounds[1]
+
+    @classmethod
+    def clip(cls, threshold: float) -> float:
+        """``threshold`` brought into ``bounds``."""
+        low, high = cls.bounds
+        return max(low, min(high, threshold))
+
+    def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
+        _check_logits(logits)
+        score = self.score(logits)
+        return (score >= self.threshold if self.exits_above else score < self.threshold), state
+
+
+@register_policy
+@dataclass(frozen=True)
+class EntropyPolicy(ConfidencePolicy):
+    """DeeBERT: exit when the entropy (nats) of ``softmax(logits)`` is below ``threshold``."""
+
+    kind: ClassVar[str] = "entropy"
+    value_range: ClassVar[str] = "a number >= 0 (nats; inf always exits)"
+    bounds: ClassVar[tuple[float, float]] = (0.0, math.inf)
+    exits_above: ClassVar[bool] = False
+
+    @staticmethod
+    def score(logits: Tensor) -> Tensor:
+        return softmax_entropy(logits)
+
+    @staticmethod
+    def default_grid(num_classes: int, num_shallow_exits: int) -> list[float]:
+        """0 .. ln(K) in 10 steps."""
+        top = math.log(num_classes)
+        return [round(top * i / 10, 4) for i in range(11)]
 
     def never_exits(self, num_shallow_exits: int) -> bool:
         """Entropy is ``>= 0``, so a threshold of 0 never lets a row out."""
         return self.threshold == 0 or num_shallow_exits == 0
 
-    def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-        _check_logits(logits)
-        return softmax_entropy(logits) < self.threshold, state
 
-    def decide_row(self, logits: Tensor, state: Any) -> tuple[bool, Any]:
-        """Entropy ``log s - sum(e * (v - max)) / s`` in float64 (``e = exp(v - max)``,
-        ``s = sum(e)``); ``decide`` when it is near the threshold or a logit is not finite."""
-        values = logits[0].tolist()
-        soft = _host_softmax(values)
-        if soft is not None:
-            top, exps, total = soft
-            spread = sum(e * (v - top) for e, v in zip(exps, values) if e > 0.0)
-            entropy = math.log(total) - spread / total
-            if not _near(entropy, self.threshold, len(values)):
-                return entropy < self.threshold, state
-        return super().decide_row(logits, state)
-
-
+@register_policy
 @dataclass(frozen=True)
-class MaxProbPolicy(ExitPolicy):
-    """Exit when the largest softmax probability is ``>= threshold``.
+class MaxProbPolicy(ConfidencePolicy):
+    """Exit when the largest softmax probability is ``>= threshold``."""
 
-    ``threshold`` must be ``>= 0``: 0 always exits, a value above 1 never exits (``parse_policy``
-    only accepts ``[0, 1]``, so a typo such as ``maxprob:90`` is caught on the command line).
-    """
+    kind: ClassVar[str] = "maxprob"
+    value_range: ClassVar[str] = "a number in [0, 1]"
+    bounds: ClassVar[tuple[float, float]] = (0.0, 1.0)
+    exits_above: ClassVar[bool] = True
 
-    threshold: float
+    @staticmethod
+    def score(logits: Tensor) -> Tensor:
+        return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool):
-            raise ValueError(f"maxprob threshold must be a number, got {self.threshold!r}")
-        if math.isnan(self.threshold) or self.threshold < 0:
-            raise ValueError(f"maxprob threshold must be >= 0, got {self.threshold}")
-
-    def never_exits(self, num_shallow_exits: int) -> bool:
-        """A softmax probability is ``<= 1``, so a threshold above 1 never lets a row out."""
-        return self.threshold > 1 or num_shallow_exits == 0
-
-    def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-        _check_logits(logits)
-        max_prob = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
-        return max_prob >= self.threshold, state
-
-    def decide_row(self, logits: Tensor, state: Any) -> tuple[bool, Any]:
-        """Largest probability ``1 / sum(exp(v - max))`` in float64; ``decide`` when it is
-        near the threshold or a logit is not finite."""
-        values = logits[0].tolist()
-        soft = _host_softmax(values)
-        if soft is not None:
-            max_prob = 1.0 / soft[2]
-            if not _near(max_prob, self.threshold, len(values)):
-                return max_prob >= self.threshold, state
-        return super().decide_row(logits, state)
+    @staticmethod
+    def default_grid(num_classes: int, num_shallow_exits: int) -> list[float]:
+        """1.0 .. 1/K in 10 steps (for K = 2: 1.0 .. 0.5)."""
+        low = 1.0 / num_classes
+        return [round(1.0 - (1.0 - low) * i / 10, 4) for i in range(11)]
 
 
+@register_policy
 @dataclass(frozen=True)
 class PatiencePolicy(ExitPolicy):
     """PABEE: exit once ``patience`` consecutive exits repeated the previous exit's argmax.
 
     State: ``counter`` (B, long; 0 at start) and ``prev_pred`` (B, long; -1 = no previous
     exit). At each exit ``counter = counter + 1`` if ``argmax == prev_pred`` else 0, and rows
-    with ``counter >= patience`` exit. Patience ``t`` exits at the ``(t+1)``-th exit at the
-    earliest.
+    with ``counter >= patience`` exit.
     """
 
     patience: int
+    kind: ClassVar[str] = "patience"
+    value_range: ClassVar[str] = "an integer >= 0"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.patience, int) or isinstance(self.patience, bool):
-            raise ValueError(f"patience must be an integer, got {self.patience!r}")
-        if self.patience < 0:
-            raise ValueError(f"patience must be >= 0, got {self.patience}")
+        p = self.patience
+        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            raise self._bad(p)
+
+    @classmethod
+    def from_value(cls, value: Any) -> PatiencePolicy:
+        try:
+            number = float(value)
+            patience = int(value) if isinstance(value, str) else int(number)
+        except (TypeError, ValueError, OverflowError):
+            raise cls._bad(value) from None
+        if number != patience:
+            raise cls._bad(value)
+        return cls(patience)
+
+    @property
+    def value(self) -> int:  # type: ignore[override]
+        return self.patience
+
+    @staticmethod
+    def default_grid(num_classes: int, num_shallow_exits: int) -> list[float]:
+        """E .. 0 for E shallow exits (patience E never exits early)."""
+        return [float(p) for p in range(num_shallow_exits, -1, -1)]
 
     def never_exits(self, num_shallow_exits: int) -> bool:
         """Patience ``t`` exits at the ``(t+1)``-th shallow exit at the earliest."""
@@ -246,58 +310,36 @@ class PatiencePolicy(ExitPolicy):
         counter = torch.where(same, state["counter"] + 1, torch.zeros_like(state["counter"]))
         return counter >= self.patience, {"counter": counter, "prev_pred": pred}
 
-    def init_row_state(self, device: torch.device | str | None = None) -> tuple[int, int]:
-        """``(counter, prev_pred)`` of one row, as Python ints."""
-        return 0, -1
 
-    def decide_row(self, logits: Tensor, state: tuple[int, int]) -> tuple[bool, tuple[int, int]]:
-        """The counter update of ``decide`` on the host: argmax of the row's logits (the first
-        maximum, as ``torch.argmax``; a NaN row asks torch)."""
-        values = logits[0].tolist()
-        if any(v != v for v in values):  # NaN: torch.argmax's rule
-            pred = int(logits[0].argmax())
-        else:
-            pred = max(range(len(values)), key=values.__getitem__)
-        counter, prev_pred = state
-        counter = counter + 1 if pred == prev_pred else 0
-        return counter >= self.patience, (counter, pred)
+def policy_kind(kind: str) -> type[ExitPolicy]:
+    """The class of ``kind`` (a ``POLICIES`` name); ``ValueError`` listing the kinds."""
+    if kind not in POLICIES:
+        raise ValueError(f"unknown exit policy {kind!r}: expected one of {', '.join(POLICIES)}")
+    return POLICIES[kind]
 
 
-_POLICY_SYNTAX = '"entropy:<threshold>", "maxprob:<threshold>" or "patience:<int>"'
+def make_policy(kind: str, value: Any) -> ExitPolicy:
+    """The policy of ``kind`` (a ``POLICIES`` name) at ``value`` (a number or its string)."""
+    return policy_kind(kind).from_value(value)
 
 
 def parse_policy(spec: str) -> ExitPolicy:
-    """Build a policy from ``"entropy:0.3"``, ``"maxprob:0.9"`` or ``"patience:2"``.
+    """Build a policy from ``KIND:VALUE``: ``"entropy:0.3"``, ``"maxprob:0.9"``, ``"patience:2"``.
 
-    The name is case-insensitive; surrounding spaces are ignored. Raises ``ValueError`` for an
-    unknown name, a missing/unparsable value, a negative threshold, a maxprob threshold outside
-    ``[0, 1]`` or a patience that is not an integer ``>= 0``.
+    The kind is case-insensitive; surrounding spaces are ignored. Raises ``ValueError`` naming
+    ``spec`` for an unknown kind, a missing value or a value outside the kind's range.
     """
+    syntax = _SYNTAX.format(kinds=", ".join(POLICIES))
     if not isinstance(spec, str):
-        raise ValueError(f"exit policy must be a string like {_POLICY_SYNTAX}, got {spec!r}")
-    name, sep, value = spec.strip().partition(":")
-    name, value = name.strip().lower(), value.strip()
+        raise ValueError(f"exit policy must be a string {syntax}, got {spec!r}")
+    kind, sep, value = spec.strip().partition(":")
+    kind, value = kind.strip().lower(), value.strip()
     if not sep or not value:
-        raise ValueError(f"bad exit policy {spec!r}: expected {_POLICY_SYNTAX}")
-    if name == "patience":
-        try:
-            patience = int(value)
-        except ValueError:
-            raise ValueError(
-                f"bad exit policy {spec!r}: patience must be an integer >= 0"
-            ) from None
-        return PatiencePolicy(patience)
-    if name not in ("entropy", "maxprob"):
-        raise ValueError(f"unknown exit policy {name!r} in {spec!r}: expected {_POLICY_SYNTAX}")
+        raise ValueError(f"bad exit policy {spec!r}: expected {syntax}")
     try:
-        threshold = float(value)
-    except ValueError:
-        raise ValueError(f"bad exit policy {spec!r}: threshold must be a number") from None
-    if name == "maxprob":
-        if not 0.0 <= threshold <= 1.0:
-            raise ValueError(f"bad exit policy {spec!r}: maxprob threshold must be in [0, 1]")
-        return MaxProbPolicy(threshold)
-    return EntropyPolicy(threshold)
+        return make_policy(kind, value)
+    except ValueError as e:
+        raise ValueError(f"bad exit policy {spec!r}: {e}") from None
 
 
 def as_policy(policy: ExitPolicy | str) -> ExitPolicy:

@@ -15,22 +15,29 @@ No fairseq import: this is the one reader and writer of that file.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .policies import parse_policy
+from .policies import ExitPolicy, parse_policy
 
 __all__ = ["POLICY_FILE", "SavedPolicy", "policy_path", "read_policy", "write_policy"]
 
 POLICY_FILE = "early_exit_policy.json"
 
 
-class SavedPolicy(dict):
-    """The file's fields (a dict); ``.policy`` is the policy string."""
+@dataclass(frozen=True)
+class SavedPolicy:
+    """The file of ``path``: its policy (parsed) and every other field."""
 
-    @property
-    def policy(self) -> str:
-        return str(self["policy"])
+    policy: ExitPolicy
+    path: Path
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """``target ..., split ..., accuracy ..., layer_speedup ...`` (those present)."""
+        keys = ("target", "split", "accuracy", "layer_speedup")
+        return ", ".join(f"{k} {self.fields[k]}" for k in keys if k in self.fields)
 
 
 def policy_path(checkpoint: str | Path) -> Path:
@@ -40,14 +47,13 @@ def policy_path(checkpoint: str | Path) -> Path:
     return folder / POLICY_FILE
 
 
-def write_policy(checkpoint: str | Path, policy: str, **fields: Any) -> Path:
-    """Write ``policy`` (a ``parse_policy`` string) and ``fields`` next to ``checkpoint``.
+def write_policy(checkpoint: str | Path, policy: ExitPolicy, **fields: Any) -> Path:
+    """Write ``policy`` (as ``policy.spec``) and ``fields`` next to ``checkpoint``.
 
-    Returns the path written. Raises ``ValueError`` for a policy ``parse_policy`` rejects.
+    Returns the path written.
     """
-    parse_policy(policy)
     path = policy_path(checkpoint)
-    record = {"policy": policy, **fields}
+    record = {"policy": policy.spec, **fields}
     if Path(checkpoint).is_file():
         record.setdefault("checkpoint", Path(checkpoint).name)
     path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
@@ -69,7 +75,7 @@ def read_policy(checkpoint: str | Path) -> SavedPolicy | None:
     if not isinstance(record, dict) or "policy" not in record:
         raise ValueError(f"{path}: no 'policy' field; delete it or rerun the sweep")
     try:
-        parse_policy(record["policy"])
+        policy = parse_policy(record["policy"])
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
-    return SavedPolicy(record)
+    return SavedPolicy(policy, path, {k: v for k, v in record.items() if k != "policy"})

@@ -1,5 +1,6 @@
-"""The early-exit sweep's table: its columns, Markdown for the terminal and the TSV/CSV file
-(read back by ``acl-fairseq-plots``)."""
+"""The early-exit sweep's table: its columns, Markdown for the terminal, and the TSV/CSV file
+(``write_table``) with its reader (``read_sweep``, also of older tables with a
+``wallclock_speedup`` column)."""
 
 from __future__ import annotations
 
@@ -103,16 +104,6 @@ SWEEP_COLUMNS = (
     "layer_speedup",
 )
 WALL_COLUMNS = ("wall_speedup", "wallclock_speedup")
-EARLY_EXIT_CSV = (
-    "label",
-    "batch_size",
-    "policy",
-    "threshold",
-    "accuracy",
-    "mean_exit_layer",
-    "layer_speedup",
-    "wall_speedup",
-)
 
 
 def read_sweep(path: Path) -> list[dict[str, Any]]:

@@ -1,43 +1,53 @@
-"""Flag checks of ``acl-fairseq-sweep``, run before any model or data is loaded."""
+"""The flags of ``acl-fairseq-sweep`` checked before any model or data is loaded."""
 
 from __future__ import annotations
 
-import math
+import argparse
 from collections.abc import Sequence
-from pathlib import Path
 
-THRESHOLD_RANGES = {
-    "entropy": "a number >= 0 (nats; inf always exits)",
-    "maxprob": "a number in [0, 1]",
-    "patience": "an integer >= 0",
-}
+from acl_fairseq.early_exit.policies import make_policy, policy_kind
+from acl_fairseq.early_exit.thresholds import Quantiles
+
+DEFAULT_QUANTILES = 10
 
 
 def check_thresholds(kind: str, thresholds: Sequence[float]) -> None:
-    """Raise ``ValueError`` (naming ``--thresholds``) for a threshold ``kind`` does not accept,
-    the ranges of ``acl_fairseq.early_exit.policies.parse_policy``."""
+    """Raise ``ValueError`` (naming ``--thresholds``) for a value the ``kind`` does not accept
+    (the range of the policy itself)."""
     for t in thresholds:
-        if kind == "entropy":
-            bad = math.isnan(t) or t < 0
-        elif kind == "maxprob":
-            bad = not 0.0 <= t <= 1.0
-        else:
-            bad = math.isnan(t) or math.isinf(t) or t < 0 or t != int(t)
-        if bad:
+        try:
+            make_policy(kind, t)
+        except ValueError:
             raise ValueError(
                 f"--thresholds: {t:g} is not a valid {kind} threshold: each must be "
-                f"{THRESHOLD_RANGES[kind]} (--policy {kind})"
+                f"{policy_kind(kind).value_range} (--policy {kind})"
+            ) from None
+
+
+def threshold_spec(text: str) -> list[float] | Quantiles:
+    """``--thresholds``: ``0,0.1,inf`` or ``quantiles`` / ``quantiles:N``."""
+    name, sep, value = text.strip().partition(":")
+    if name.lower() == "quantiles":
+        try:
+            count = int(value) if sep else DEFAULT_QUANTILES
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected quantiles or quantiles:N with an integer N >= 1, got {text!r}"
             )
+        return Quantiles(count)
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers like 0,0.1,inf or quantiles[:N], got {text!r}"
+        ) from None
 
 
-def check_split(data: str | Path, split: str) -> None:
-    """Raise ``ValueError`` (naming ``--split`` / ``--data``) unless ``split`` is binarized."""
-    input0 = Path(data) / "input0"
-    if not input0.is_dir():
-        raise ValueError(f"--data {data}: no input0/ folder (a binarized sentence_prediction dir)")
-    if not (input0 / f"{split}.idx").is_file():
-        found = ", ".join(sorted(p.stem for p in input0.glob("*.idx"))) or "none"
-        raise ValueError(
-            f"--split {split}: {input0}/{split}.bin/.idx not found (splits there: {found}); "
-            "pick one with --split"
-        )
+def int_list(text: str) -> list[int]:
+    """``--batch-sizes``: positive integers like ``1,32``."""
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,32, got {text!r}")
+    return values
