@@ -1,9 +1,8 @@
-"""Binarizing a task: fairseq-preprocess of its tokenized splits into ``OUT/TASK-bin``, and
-the meta file ``prepare_glue.json`` (its writer and its reader)."""
+"""Binarizing a task: its texts tokenized, then fairseq-preprocess of the tokenized splits into
+``OUT/TASK-bin``, with the tokenizer's files and ``prepare_glue.json`` next to them."""
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import subprocess
@@ -12,23 +11,15 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-from acl_fairseq.data.tasks import DataError, SplitData, TaskSpec
-from acl_fairseq.data.tokenizer_files import relative_to, resolve_tokenizer, store_tokenizer
-from acl_fairseq.data.tokenizers import (
-    Tokenizer,
-    TokenizerConfig,
-    build_tokenizer,
-    sentencepiece_dictionary,
-    tokenize_texts,
-    train_sentencepiece,
-)
-from acl_fairseq.data.vocab_check import check_srcdict_coverage
+from .prepared import write_meta
+from .tasks import BadRow, DataError, SplitData, TaskSpec, format_bad_rows, load_task
+from .tokenize import sentencepiece_dictionary, tokenize_texts, train_sentencepiece
+from .tokenizer_files import relative_to, store_tokenizer
+from .tokenizers import TokenizerConfig
+from .vocab_check import check_srcdict_coverage
 
 logger = logging.getLogger("prepare_glue")
-
-META_FILE = "prepare_glue.json"
 
 
 def run_fairseq_preprocess(args: list[str], use_subprocess: bool = False) -> None:
@@ -81,6 +72,27 @@ def _write_lines(path: Path, lines: Iterable[str]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for line in lines:
             f.write(line + "\n")
+
+
+def prepare_tasks(tasks: Sequence[TaskSpec], glue_dir: Path | None, opts: Options) -> list[Path]:
+    """Read and check every task's rows first, then prepare each; returns the TASK-bin folders.
+
+    Bad rows (reported with file and line) stop everything unless ``opts.skip_bad_rows``.
+    """
+    loaded = []
+    all_bad: list[BadRow] = []
+    for task in tasks:
+        splits, bad = load_task(task, glue_dir)
+        loaded.append((task, splits, bad))
+        all_bad.extend(bad)
+    if all_bad and not opts.skip_bad_rows:
+        raise DataError(
+            f"{len(all_bad)} bad row(s) (use --skip-bad-rows to skip them):\n"
+            + format_bad_rows(all_bad)
+        )
+    if all_bad:
+        logger.warning("skipping %d bad row(s):\n%s", len(all_bad), format_bad_rows(all_bad))
+    return [prepare_task(task, splits, opts, len(bad)) for task, splits, bad in loaded]
 
 
 def prepare_task(task: TaskSpec, splits: list[SplitData], opts: Options, skipped: int) -> Path:
@@ -220,32 +232,3 @@ def _prepare_task(
         bin_dir,
         ", ".join(f"{s.name}={len(s)}" for s in splits),
     )
-
-
-def write_meta(bin_dir: Path, meta: dict[str, Any]) -> Path:
-    """Writes ``bin_dir/prepare_glue.json``."""
-    path = bin_dir / META_FILE
-    path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    return path
-
-
-def read_meta(data_dir: str | Path) -> dict[str, Any]:
-    """The ``prepare_glue.json`` of a prepared ``TASK-bin`` folder, with the tokenizer's file
-    paths resolved (relative ones against ``data_dir``, see :func:`resolve_tokenizer`)."""
-    path = Path(data_dir) / META_FILE
-    if not path.is_file():
-        raise DataError(f"{path} not found: was {data_dir} written by acl-fairseq-prepare?")
-    meta = json.loads(path.read_text(encoding="utf-8"))
-    config = resolve_tokenizer(TokenizerConfig(**meta["tokenizer"]), data_dir)
-    return {**meta, "tokenizer": asdict(config)}
-
-
-def meta_tokenizer_config(data_dir: str | Path) -> TokenizerConfig:
-    """The tokenizer recorded at preparation, its files in the folder (``sentencepiece.model``,
-    ``tokenizer/...``); older absolute paths are still accepted."""
-    return TokenizerConfig(**read_meta(data_dir)["tokenizer"])
-
-
-def meta_tokenizer(data_dir: str | Path) -> Tokenizer:
-    """The ``Tokenizer`` a prepared folder's text was encoded with, to encode new text alike."""
-    return build_tokenizer(meta_tokenizer_config(data_dir))

@@ -339,3 +339,36 @@ def format_bad_rows(bad: Sequence[BadRow], limit: int = MAX_LISTED_BAD_ROWS) -> 
     if len(bad) > limit:
         lines.append(f"  ... and {len(bad) - limit} more")
     return "\n".join(lines)
+
+
+def tsv_task(
+    name: str,
+    train: str | Path,
+    valid: str | Path,
+    test: str | Path | None,
+    text_columns: tuple[int, ...],
+    label_column: int,
+    header: bool = False,
+    labels: tuple[str, ...] | None = None,
+    regression: bool = False,
+    label_divisor: float = 1.0,
+    test_unlabeled: bool = False,
+) -> TaskSpec:
+    """A task of one's own TSV files (``--task custom``): 1-based text and label columns;
+    ``labels``: the allowed labels (default: those of train)."""
+    splits = [
+        SplitSpec("train", str(Path(train).resolve()), text_columns, label_column, header=header),
+        SplitSpec("valid", str(Path(valid).resolve()), text_columns, label_column, header=header),
+    ]
+    if test:
+        test_label = None if test_unlabeled else label_column
+        splits.append(
+            SplitSpec("test", str(Path(test).resolve()), text_columns, test_label, header=header)
+        )
+    return TaskSpec(
+        name,
+        tuple(splits),
+        labels=None if regression else labels,
+        regression=regression,
+        label_divisor=label_divisor,
+    )

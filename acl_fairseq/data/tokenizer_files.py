@@ -9,8 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
-from acl_fairseq.data.tasks import DataError
-from acl_fairseq.data.tokenizers import TokenizerConfig
+from .tasks import DataError
+from .tokenizers import TokenizerConfig
 
 TOKENIZER_DIR = "tokenizer"
 SPM_MODEL = "sentencepiece.model"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from acl_fairseq.data.tasks import DataError
-from acl_fairseq.data.tokenizers import TokenizerConfig
+from .tasks import DataError
+from .tokenizers import TokenizerConfig
 
 MAX_UNK_SHARE = 0.05
 """The largest share of train tokens allowed to map to ``<unk>`` in ``--srcdict``."""

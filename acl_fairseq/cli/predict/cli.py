@@ -12,7 +12,7 @@ from, the 1-based layer of that exit). A summary goes to stderr.
 
 The text is encoded exactly as the training data: the tokenizer recorded by
 ``acl-fairseq-prepare`` in ``DATA/prepare_glue.json``, the source dictionary, the task's
-``--init-token`` / ``--separator-token`` (see :mod:`acl_fairseq.cli.predict.inputs`).
+``--init-token`` / ``--separator-token`` (``acl_fairseq.data.text_encoder``).
 ``DATA`` is the checkpoint's own data folder unless ``--data`` is given.
 """
 
@@ -28,11 +28,21 @@ from typing import Any, TextIO
 import torch
 from torch import Tensor
 
-from acl_fairseq.cli.predict.inputs import ExampleEncoder, PredictError, parse_columns, read_rows
+from acl_fairseq.checkpoint.inference import CheckpointError, load_for_inference
+from acl_fairseq.cli.predict.inputs import (
+    PredictError,
+    encode_rows,
+    parse_columns,
+    read_input,
+    read_rows,
+)
+from acl_fairseq.data.prepared import read_meta
+from acl_fairseq.data.tasks import DataError
+from acl_fairseq.data.text_encoder import ExampleEncoder
 from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
 from acl_fairseq.early_exit.saved_policy import POLICY_FILE, policy_path, read_policy
+from acl_fairseq.models.heads import DEFAULT_HEAD
 
-DEFAULT_HEAD = "sentence_classification_head"
 PROG = "acl-fairseq-predict"
 
 
@@ -60,33 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="prepared data folder (default: the checkpoint's own)")
     p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
     return p
-
-
-def checkpoint_state(path: str) -> dict[str, Any]:
-    """The checkpoint read to CPU, or an error naming it."""
-    if not Path(path).is_file():
-        raise PredictError(f"checkpoint {path} not found (--path)")
-    from fairseq import checkpoint_utils
-
-    import acl_fairseq  # noqa: F401  (registers the plugin)
-
-    return checkpoint_utils.load_checkpoint_to_cpu(path)
-
-
-def data_folder(state: dict[str, Any], given: str | None, checkpoint: str) -> str:
-    """``--data``, or the data folder the checkpoint was trained on (``cfg.task.data``)."""
-    if given is not None:
-        if not Path(given).is_dir():
-            raise PredictError(f"--data {given}: no such folder")
-        return given
-    cfg = state.get("cfg")
-    data = getattr(getattr(cfg, "task", None), "data", None) if cfg is not None else None
-    if not data or not Path(data).is_dir():
-        raise PredictError(
-            f"{checkpoint} was trained on data folder {data!r}, which does not exist here: "
-            "give the prepared folder with --data"
-        )
-    return str(data)
 
 
 def num_layers(model: Any) -> int:
@@ -153,13 +136,8 @@ def choose_policy(spec: str | None, checkpoint: str) -> tuple[ExitPolicy | None,
                     "--target-speedup S), or give a policy such as entropy:0.3"
                 )
             return None, f"full depth (no {POLICY_FILE} next to the checkpoint)"
-        details = ", ".join(
-            f"{k} {saved[k]}"
-            for k in ("target", "split", "accuracy", "layer_speedup")
-            if k in saved
-        )
-        return parse_policy(saved.policy), (
-            f"{saved.policy} (saved in {policy_path(checkpoint)}: {details}; "
+        return saved.policy, (
+            f"{saved.policy.spec} (saved in {saved.path}: {saved.describe()}; "
             "--policy none for full depth)"
         )
     try:
@@ -168,27 +146,18 @@ def choose_policy(spec: str | None, checkpoint: str) -> tuple[ExitPolicy | None,
         raise PredictError(f"--policy: {e}") from None
 
 
-def _read_input(path: str, stdin: TextIO) -> list[str]:
-    if path == "-":
-        return stdin.readlines()
-    if not Path(path).is_file():
-        raise PredictError(f"--input {path}: no such file")
-    with open(path, encoding="utf-8") as f:
-        return f.readlines()
-
-
 def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
-    from acl_fairseq.cli.sweep.cli import load_checkpoint
-    from acl_fairseq.data.binarize import read_meta
-
     columns = parse_columns(args.text_columns)
     if args.batch_size < 1:
         raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
     policy, described = choose_policy(args.policy, args.checkpoint)
-    state = checkpoint_state(args.checkpoint)
-    data = data_folder(state, args.data, args.checkpoint)
+    if not Path(args.checkpoint).is_file():
+        raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
-    model, task = load_checkpoint(args.checkpoint, data, device, multi_exit=False, state=state)
+    try:
+        model, task, data = load_for_inference(args.checkpoint, args.data, device)
+    except CheckpointError as e:
+        raise PredictError(str(e)) from None
     if args.head not in model.classification_heads:
         heads = ", ".join(sorted(model.classification_heads)) or "none"
         raise PredictError(f"--head {args.head}: not in {args.checkpoint} (heads: {heads})")
@@ -211,14 +180,20 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     from fairseq import utils
 
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
-    encoder = ExampleEncoder.from_task(task, data, int(max_positions))
+    try:
+        encoder = ExampleEncoder.from_task(task, data, int(max_positions))
+    except DataError as e:
+        raise PredictError(
+            f"--data {data}: {e} (the raw text is encoded with the tokenizer recorded at "
+            "preparation)"
+        ) from None
     source = "stdin" if args.input == "-" else args.input
-    rows = read_rows(_read_input(args.input, stdin), source, columns, args.header)
+    rows = read_rows(read_input(args.input, stdin), source, columns, args.header)
     if columns is None and encoder.num_inputs == 2:
         raise PredictError(
             f"{args.checkpoint} is a sentence-pair model: give a TSV with --text-columns 1,2"
         )
-    examples = [encoder.encode(row, source) for row in rows]
+    examples = encode_rows(encoder, rows, source)
 
     start = time.perf_counter()
     results = run_batches(
