@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from acl_fairseq.cli.compare.plan import flag_groups as study_flag_groups
 from acl_fairseq.cli.study import data as study_data
 from acl_fairseq.cli.study import phases as study
 from acl_fairseq.cli.study import report as study_report
+from acl_fairseq.recipe import flag_groups as study_flag_groups
 
 
 def test_movie_splits_keep_the_demos_dev_and_test():

