@@ -1,16 +1,10 @@
-"""acl-fairseq-compare (multi-seed method comparison) and acl-fairseq-plots (its pictures).
+"""acl-fairseq-compare (multi-seed method comparison): the table maths (mean, sample std,
+formatting), the run plan and the fairseq-train command lines, and the report built from
+hand-written ``test.json`` files. test_plots.py runs it end to end with the plots."""
 
-Fast tests: the table maths (mean, sample std, formatting), the run plan and the fairseq-train
-command lines, the report built from hand-written ``test.json`` files, and the plots that need
-no model. The slow test runs acl-fairseq-compare for real on a tiny generated dataset (every
-method, one seed, a few updates each, plus a 2-value lambda sweep of acl), checks that the
-report's numbers are the runs' own, that a repeated invocation trains nothing, and draws every plot.
-"""
-
+import argparse
 import csv
-import json
 import math
-import re
 import shlex
 import struct
 from pathlib import Path
@@ -18,26 +12,29 @@ from pathlib import Path
 import pytest
 
 from acl_fairseq import fairseq_log
-from acl_fairseq.acl_grad import AngleRecord, read_angle_log
+from acl_fairseq.acl_grad import AngleRecord
 from acl_fairseq.cli.compare import cli as compare_cli
 from acl_fairseq.cli.compare import plan, report
 from acl_fairseq.cli.compare import run as runner
-from acl_fairseq.cli.plots import cli as plots
-from acl_fairseq.early_exit import table as sweep_table
+from acl_fairseq.compare_results import summarize
+from acl_fairseq.data.splits import count_classes, count_examples
+from acl_fairseq.help_format import HelpFormatter
+from acl_fairseq.recipe import CONTRASTIVE_METHODS, METHODS, multi_exit_arch
 
-from fairseq_helpers import BIN, TINY_ROBERTA, run, write_sentiment_split
+from compare_fakes import fake_results, md_table
+from fairseq_helpers import TINY_ROBERTA
 
 # ----------------------------------------------------------------------------- table maths
 
 
 def test_summarize_known_numbers():
-    mean, std, n = report.summarize([80.0, 82.0, 84.0])
+    mean, std, n = summarize([80.0, 82.0, 84.0])
     assert (mean, std, n) == (82.0, 2.0, 3)  # sample std: sqrt((4 + 0 + 4) / 2)
-    mean, std, n = report.summarize([70.0, 71.0])
+    mean, std, n = summarize([70.0, 71.0])
     assert mean == 70.5 and std == pytest.approx(math.sqrt(0.5)) and n == 2
-    mean, std, n = report.summarize([81.3])
+    mean, std, n = summarize([81.3])
     assert mean == 81.3 and math.isnan(std) and n == 1
-    assert report.summarize([])[2] == 0
+    assert summarize([])[2] == 0
 
 
 def test_formatting():
@@ -93,7 +90,7 @@ def test_plan_adds_stage1_and_reuses_the_main_lambda():
     runs = plan.plan_runs(["acl_cl"], [1, 2], 0.5)
     assert [r.name for r in runs] == ["acl-seed1", "acl_cl-seed1", "acl-seed2", "acl_cl-seed2"]
     assert runs[1].stage1 == runs[0]
-    runs = plan.plan_runs(list(plan.METHODS), [1], 0.5, [0.1, 0.5, 1.0])
+    runs = plan.plan_runs(list(METHODS), [1], 0.5, [0.1, 0.5, 1.0])
     names = [r.name for r in runs]
     assert names == [
         "ce-seed1",
@@ -116,13 +113,11 @@ def test_arch_args():
         None, "--arch roberta --restore-file x.pt --reset-optimizer --encoder-layers 6"
     )
     assert args == ["--arch", "roberta", "--encoder-layers", "6"]
-    assert plan.multi_exit_arch(args)[:2] == ["--arch", "multi_exit_roberta"]
-    assert plan.multi_exit_arch(["--arch=roberta_base"]) == ["--arch=multi_exit_roberta_base"]
-    assert plan.multi_exit_arch(["--arch", "multi_exit_roberta_tiny"])[1] == (
-        "multi_exit_roberta_tiny"
-    )
-    with pytest.raises(SystemExit, match="no multi-exit variant"):
-        plan.multi_exit_arch(["--arch", "transformer"])
+    assert multi_exit_arch(args)[:2] == ["--arch", "multi_exit_roberta"]
+    assert multi_exit_arch(["--arch=roberta_base"]) == ["--arch=multi_exit_roberta_base"]
+    assert multi_exit_arch(["--arch", "multi_exit_roberta_tiny"])[1] == ("multi_exit_roberta_tiny")
+    with pytest.raises(ValueError, match="no multi-exit variant"):
+        multi_exit_arch(["--arch", "transformer"])
     with pytest.raises(SystemExit, match="no --arch"):
         plan.read_arch_args(None, "--encoder-layers 2")
 
@@ -150,7 +145,7 @@ def test_train_commands(tmp_path):
     assert plan.total_updates(opts) == 7  # ceil(100 / 16)
 
     def cmd(method, lam=0.5):
-        run_ = plan.Run(method, 3, lam if method in plan.CONTRASTIVE_METHODS else None)
+        run_ = plan.Run(method, 3, lam if method in CONTRASTIVE_METHODS else None)
         return runner.train_command(run_, opts, opts.out / "runs" / run_.name)
 
     ce = cmd("ce")
@@ -223,18 +218,31 @@ def _fake_data(root: Path, n_train: int = 40) -> Path:
     return root
 
 
-def test_help_texts():
-    text = compare_cli.build_parser().format_help()
-    assert "--lambdas" in text and "(default: 1,2,3)" in text
-    assert "--sweep-tsv" in plots.build_parser().format_help()
+def test_help_formatter_adds_defaults_the_help_does_not_name():
+    description = "Line one\n  kept as written"
+    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    parser.add_argument("data", help="positional")
+    parser.add_argument("--seeds", default=[1, 2, 3], help="comma list")
+    parser.add_argument("--lr", type=float, default=5e-5, help="peak learning rate")
+    parser.add_argument("--out", default="RESULTS", help="folder (default: RESULTS here)")
+    parser.add_argument("--cpu", action="store_true", help="on CPU")
+    parser.add_argument("--extra", help="more flags")
+    text = " ".join(parser.format_help().split())
+    assert "comma list (default: 1,2,3)" in text
+    assert "peak learning rate (default: 5e-05)" in text
+    assert "folder (default: RESULTS here) " in text and "(default: RESULTS)" not in text
+    assert "on CPU --extra" in text  # no "(default: False)" after it
+    assert "(default: False)" not in text and "(default: None)" not in text
+    assert "positional (default" not in text
+    assert description in parser.format_help()
 
 
 def test_dataset_counts(tmp_path):
     data = _fake_data(tmp_path / "data")
-    assert plan.count_examples(data, "train") == 40
-    assert plan.count_classes(data) == 2
-    with pytest.raises(SystemExit, match="not found"):
-        plan.count_examples(data, "valid1")
+    assert count_examples(data, "train") == 40
+    assert count_classes(data) == 2
+    with pytest.raises(FileNotFoundError, match="valid1.idx not found"):
+        count_examples(data, "valid1")
 
 
 def test_stage2_is_retrained_when_its_stage1_was(tmp_path, monkeypatch, capsys):
@@ -262,75 +270,29 @@ def test_stage2_is_retrained_when_its_stage1_was(tmp_path, monkeypatch, capsys):
 # ----------------------------------------------------------------------------- report
 
 
-def _fake_run(out, method, seed, dev, test, lam=None, sweep=False, exits=None, angles=None):
-    name = plan.Run(method, seed, lam, sweep).name
-    d = out / "runs" / name
-    d.mkdir(parents=True)
-    result = {
-        "run": name,
-        "method": method,
-        "seed": seed,
-        "lambda": lam,
-        "sweep": sweep,
-        "acl_grad_threshold": 90.0 if angles else None,
-        "dev": {"accuracy": dev, "loss": 0.5},
-        "test": {"accuracy": test, "loss": 0.6, **(exits or {})},
-        "angles": angles,
-    }
-    (d / "test.json").write_text(json.dumps(result))
-    if angles:
-        (d / "angles.tsv").write_text("0\t30.0\t1\n1\t100.0\t0\n2\t95.0\t1\n")
-    return result
-
-
-def _fake_results(out):
-    for seed, (dev, test) in enumerate([(80, 79), (82, 81), (84, 83)], start=1):
-        _fake_run(out, "ce", seed, dev, test)
-        ang = {"updates": 3, "mean_angle": 75.0, "pct_over_90": 66.7, "pct_dropped": 33.3}
-        _fake_run(out, "acl", seed, dev + 2, test + 2, lam=0.5, angles=ang)
-        _fake_run(out, "acl", seed, dev + 3, test + 1, lam=1.0, sweep=True)
-        _fake_run(out, "acl", seed, dev - 5, test - 5, lam=0.1, sweep=True)
-        exits = {"accuracy_exit1": 60.0 + seed, "accuracy_exit2": float(test)}
-        _fake_run(out, "multi_exit_joint", seed, dev, test, exits=exits)
-        exits = {"accuracy_exit1": 70.0 + seed, "accuracy_exit2": test + 1.0}
-        _fake_run(out, "acl_cl", seed, dev, test + 1, lam=0.5, exits=exits)
-
-
-def _table(md, title):
-    """Rows (lists of cells) of the first Markdown table after the heading ``title``."""
-    lines = md.split(title + "\n", 1)[1].strip().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    rows = []
-    for line in lines[start + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in line.strip("|").split("|")])
-    return rows
-
-
 def test_report_tables(tmp_path):
     out = tmp_path / "R"
-    _fake_results(out)
+    fake_results(out)
     report.write_report(out)
     md = (out / "results.md").read_text()
-    test = {r[0]: r[1:] for r in _table(md, "## Test accuracy")}
+    test = {r[0]: r[1:] for r in md_table(md, "## Test accuracy")}
     assert set(test) == {"ce", "acl (λ 0.5)", "multi_exit_joint", "acl_cl (λ 0.5)"}
     assert test["ce"] == ["81.00", "2.00", "3", "79.00", "81.00", "83.00"]
     assert test["acl (λ 0.5)"] == ["83.00", "2.00", "3", "81.00", "83.00", "85.00"]
-    dev = {r[0]: r[1:] for r in _table(md, "## Dev accuracy")}
+    dev = {r[0]: r[1:] for r in md_table(md, "## Dev accuracy")}
     assert dev["ce"][:3] == ["82.00", "2.00", "3"]
-    exits = _table(md, "## Test accuracy per exit (multi-exit methods)")
+    exits = md_table(md, "## Test accuracy per exit (multi-exit methods)")
     assert exits[0] == ["multi_exit_joint", "1", "62.00", "1.00", "3", "61.00", "62.00", "63.00"]
     assert ["acl_cl (λ 0.5)", "2 (final)", "82.00", "2.00", "3", "80.00", "82.00", "84.00"] in exits
-    curve = {r[0]: r[1:] for r in _table(md, "Layer-score curve (test accuracy, mean ± std):")}
+    curve = {r[0]: r[1:] for r in md_table(md, "Layer-score curve (test accuracy, mean ± std):")}
     assert curve["acl_cl"] == ["72.00 ± 1.00", "82.00 ± 2.00"]
     # lambda sweep: 0.5 is the main run; 1.0 has the best mean dev accuracy
-    sweep = {(r[0], r[1]): r[2:] for r in _table(md, "### Test accuracy")}
+    sweep = {(r[0], r[1]): r[2:] for r in md_table(md, "### Test accuracy")}
     assert set(sweep) == {("acl", "0.1"), ("acl", "0.5"), ("acl", "1")}
     assert sweep[("acl", "1")][:3] == ["82.00", "2.00", "3"]
-    chosen = _table(md, "### Lambda chosen on dev (highest mean dev accuracy), reported on test")
+    chosen = md_table(md, "### Lambda chosen on dev (highest mean dev accuracy), reported on test")
     assert chosen == [["acl", "1", "85.00 ± 2.00", "82.00 ± 2.00"]]
-    angles = _table(md, "## ACL-Grad angles during training")
+    angles = md_table(md, "## ACL-Grad angles during training")
     assert angles == [["acl (λ 0.5)", "90°", "3", "75.0 ± 0.0", "66.7 ± 0.0", "33.3 ± 0.0"]]
     # results.csv: every per-seed number; summary.csv: mean / std / n
     with open(out / "results.csv") as f:
@@ -344,189 +306,3 @@ def test_report_tables(tmp_path):
         == ("acl", "0.1", "test", "accuracy")
     )  # fmt: skip
     assert (float(row["mean"]), float(row["std"]), row["n"]) == (76.0, 2.0, "3")
-
-
-# ----------------------------------------------------------------------------- plots, no model
-
-
-def test_plots_from_results_without_models(tmp_path, capsys):
-    out = tmp_path / "R"
-    _fake_results(out)
-    sweep = tmp_path / "sweep.csv"
-    sweep.write_text(
-        "policy,threshold,batch_size,accuracy,mean_exit_layer,layer_speedup,wallclock_speedup\n"
-        "none,,1,85.0,6,1.0,1.0\nentropy,0.1,1,84.5,4.0,1.5,1.3\nentropy,0.3,1,80.0,2.0,3.0,2.4\n"
-        "none,,32,85.0,6,1.0,1.0\nentropy,0.1,32,84.5,4.0,1.5,1.1\n"
-    )
-    assert plots.main([str(out), "--sweep-tsv", f"acl_cl={sweep}"]) == 0
-    printed = capsys.readouterr().out
-    assert "skipped (d) t-SNE of pooled features: needs --data" in printed
-    for name in ("angles", "layer_scores", "early_exit", "lambda"):
-        assert (out / "plots" / f"{name}.png").stat().st_size > 0
-        assert (out / "plots" / f"{name}.csv").exists()
-    with open(out / "plots" / "layer_scores.csv") as f:
-        rows = {(r["method"], r["layer"]): r for r in csv.DictReader(f)}
-    assert float(rows[("acl_cl", "1")]["mean"]) == 72.0
-    assert float(rows[("acl_cl", "1")]["std"]) == 1.0
-    with open(out / "plots" / "angles_summary.csv") as f:
-        (acl,) = list(csv.DictReader(f))
-    assert acl["method"] == "acl" and acl["updates"] == "9"
-    assert float(acl["frac_over_90"]) == pytest.approx(2 / 3)
-    with open(out / "plots" / "lambda.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert [
-        (r["method"], r["lambda"], r["chosen_on_dev"]) for r in rows if r["method"] == "acl"
-    ] == [
-        ("acl", "0.1", "0"),
-        ("acl", "0.5", "0"),
-        ("acl", "1", "1"),
-    ]
-    # nothing to draw from: every plot says why it was skipped
-    empty = tmp_path / "empty"
-    (empty / "runs").mkdir(parents=True)
-    assert plots.main([str(empty)]) == 0
-    assert capsys.readouterr().out.count("skipped") == 5
-
-
-def test_early_exit_sweep_tables_are_readable(tmp_path):
-    """The table acl-fairseq-sweep writes (TSV and CSV) is what acl-fairseq-plots reads."""
-
-    row = {
-        "batch_size": 1,
-        "policy": "entropy",
-        "threshold": 0.2,
-        "examples": 10,
-        "accuracy": 80.0,
-        "mean_exit_layer": 3.5,
-        "layer_speedup": 6 / 3.5,
-        "full_ms": 2.0,
-        "early_ms": 1.5,
-        "wall_speedup": 1.33,
-        "fraction_of_ideal": 0.78,
-        "exit_share": {3: 0.5, 4: 0.5},
-    }
-    full = {**row, "policy": "none", "threshold": None, "layer_speedup": 1.0, "wall_speedup": 1.0}
-    for name in ("sweep.tsv", "sweep.csv"):
-        sweep_table.write_table([full, row], tmp_path / name)
-        rows = plots.read_sweep(tmp_path / name)
-        assert [r["policy"] for r in rows] == ["none", "entropy"]
-        assert rows[1]["wall_speedup"] == pytest.approx(1.33)
-        assert rows[1]["layer_speedup"] == pytest.approx(6 / 3.5, rel=1e-5)
-
-
-# ----------------------------------------------------------------------------- end to end
-
-
-def make_data_with_test(root: Path) -> Path:
-    """train 64 / valid (dev) 32 / test 32, binarized in the sentence_prediction layout."""
-    raw = root / "raw"
-    raw.mkdir(parents=True)
-    for split, n, seed in (("train", 64, 0), ("valid", 32, 1), ("test", 32, 2)):
-        write_sentiment_split(raw / split, n, seed)
-    dest = root / "bin"
-    for field in ("input0", "label"):
-        run(
-            [
-                str(BIN / "fairseq-preprocess"), "--only-source",
-                "--trainpref", str(raw / f"train.{field}"),
-                "--validpref", str(raw / f"valid.{field}"),
-                "--testpref", str(raw / f"test.{field}"),
-                "--destdir", str(dest / field), "--workers", "1",
-            ]
-        )  # fmt: skip
-    return dest
-
-
-def _cells(md: str, title: str) -> dict[str, list[str]]:
-    return {r[0]: r for r in _table(md, title)}
-
-
-@pytest.mark.slow
-def test_compare_then_plots_end_to_end(tmp_path):
-    data = make_data_with_test(tmp_path)
-    out = tmp_path / "RESULTS"
-    base = [
-        str(BIN / "acl-fairseq-compare"), str(data),
-        "--arch-args", " ".join(TINY_ROBERTA), "--restore-file", "none",
-        "--seeds", "1", "--lr", "1e-3", "--log-interval", "1", "--out", str(out), "--cpu",
-    ]  # fmt: skip
-    first = run(base, timeout=1800)
-    assert "5 trained, 0 only evaluated, 0 done before, 0 failed" in first
-    # the lambda sweep of acl adds one run; lambda 0.5 is the main acl run, not trained again
-    sweep = run([*base, "--methods", "acl", "--lambdas", "0.1,0.5"], timeout=1800)
-    assert "1 trained, 0 only evaluated, 1 done before, 0 failed" in sweep
-    assert not (out / "runs" / "acl-lam0.1-seed1" / "checkpoint_best.pt").exists()
-    stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/test.json")}
-    assert len(stamps) == 6
-    again = run(base, timeout=600)
-    assert "0 trained, 0 only evaluated, 5 done before, 0 failed" in again
-    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/test.json")} == stamps
-
-    results = {p.parent.name: json.loads(p.read_text()) for p in out.glob("runs/*/test.json")}
-    for name, r in results.items():
-        run_dir = out / "runs" / name
-        assert (run_dir / "train.log").exists() and (run_dir / "test.log").exists()
-        if r["method"] in ("ce_scl", "acl", "acl_cl"):
-            angles = read_angle_log(run_dir / "angles.tsv")
-            assert len(angles) == r["angles"]["updates"] == 4  # 64 examples / batch 16
-            if r["method"] == "ce_scl":  # threshold 180: measured, never dropped
-                assert r["acl_grad_threshold"] == 180.0 and all(a.kept for a in angles)
-        else:
-            assert r["angles"] is None
-    assert set(results["acl_cl-seed1"]["test"]) >= {"accuracy_exit1", "accuracy_exit2"}
-
-    # the report's numbers are the runs' own
-    md = (out / "results.md").read_text()
-    labels = {
-        "ce-seed1": "ce",
-        "ce_scl-seed1": "ce_scl (λ 0.5)",
-        "acl-seed1": "acl (λ 0.5)",
-        "multi_exit_joint-seed1": "multi_exit_joint",
-        "acl_cl-seed1": "acl_cl (λ 0.5)",
-    }
-    for title, split in (("## Test accuracy", "test"), ("## Dev accuracy", "dev")):
-        cells = _cells(md, title)
-        assert set(cells) == set(labels.values())
-        for name, label in labels.items():
-            mean, std, n, seed1 = cells[label][1:]
-            value = results[name][split]["accuracy"]
-            assert float(mean) == float(seed1) == pytest.approx(value, abs=0.005)
-            assert (std, n) == ("-", "1")
-    exits = _table(md, "## Test accuracy per exit (multi-exit methods)")
-    run_of = {label: name for name, label in labels.items()}
-    for label, layer, mean, *_ in exits:
-        layer = re.match(r"\d+", layer).group(0)
-        value = results[run_of[label]]["test"][f"accuracy_exit{layer}"]
-        assert float(mean) == pytest.approx(value, abs=0.005)
-    assert len(exits) == 4
-    sweep_rows = {(r[0], r[1]): r for r in _table(md, "### Test accuracy")}
-    assert float(sweep_rows[("acl", "0.1")][2]) == pytest.approx(
-        results["acl-lam0.1-seed1"]["test"]["accuracy"]
-    )
-    with open(out / "results.csv") as f:
-        per_run = list(csv.DictReader(f))
-    for row in per_run:
-        r = results[row["run"]]
-        if row["split"] in ("dev", "test"):
-            assert float(row["value"]) == pytest.approx(r[row["split"]][row["metric"]])
-    assert {r["run"] for r in per_run} == set(results)
-
-    # pictures: a synthetic early-exit table for (c); everything else from the runs
-    sweep_csv = tmp_path / "sweep.csv"
-    sweep_csv.write_text(
-        "policy,threshold,batch_size,accuracy,mean_exit_layer,layer_speedup,wall_speedup\n"
-        "none,,1,60.0,2,1.0,1.0\nentropy,0.5,1,58.0,1.5,1.33,1.2\n"
-    )
-    printed = run(
-        [str(BIN / "acl-fairseq-plots"), str(out), "--data", str(data),
-         "--sweep-tsv", f"acl_cl={sweep_csv}"],
-        timeout=900,
-    )  # fmt: skip
-    assert "skipped" not in printed and "FAILED" not in printed
-    for name in ("angles", "layer_scores", "early_exit", "tsne", "lambda"):
-        assert (out / "plots" / f"{name}.png").stat().st_size > 0, name
-        assert (out / "plots" / f"{name}.csv").exists(), name
-    with open(out / "plots" / "tsne.csv") as f:
-        tsne = list(csv.DictReader(f))
-    assert sum(r["kind"] == "sample" for r in tsne) == 2 * 32
-    assert sum(r["kind"] == "label_embedding" for r in tsne) == 2 * 2

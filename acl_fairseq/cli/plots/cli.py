@@ -47,12 +47,30 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from acl_fairseq.acl_grad import read_angle_log  # noqa: E402
-from acl_fairseq.cli.compare import report as compare_report  # noqa: E402
-from acl_fairseq.cli.compare.cli import HelpFormatter  # noqa: E402
-from acl_fairseq.cli.compare.plan import MULTI_EXIT_METHODS, SWEEP_METHODS  # noqa: E402
 from acl_fairseq.cli.plots.tsne import pooled_features, tsne_embed  # noqa: E402
-from acl_fairseq.early_exit.table import EARLY_EXIT_CSV, read_sweep  # noqa: E402
+from acl_fairseq.compare_results import (  # noqa: E402
+    SWEEP_METHODS,
+    chosen_on_dev,
+    exit_layers_of,
+    lambda_groups,
+    load_results,
+    main_results,
+    summarize,
+)
+from acl_fairseq.early_exit.table import read_sweep  # noqa: E402
+from acl_fairseq.help_format import HelpFormatter  # noqa: E402
+from acl_fairseq.recipe import MULTI_EXIT_METHODS  # noqa: E402
 
+EARLY_EXIT_CSV = (  # the CSV behind early_exit.png
+    "label",
+    "batch_size",
+    "policy",
+    "threshold",
+    "accuracy",
+    "mean_exit_layer",
+    "layer_speedup",
+    "wall_speedup",
+)
 ANGLE_METHODS = ("ce_scl", "acl")
 TSNE_METHODS = (("ce", "CE"), ("acl", "ACL (ACL-Embed + ACL-Grad)"))
 COLORS = {
@@ -183,9 +201,9 @@ def plot_angles(results_dir: Path, out_dir: Path, methods: Sequence[str] = ANGLE
 
 def plot_layer_scores(results_dir: Path, out_dir: Path):
     """(b) Test accuracy per exit, multi_exit_joint vs acl_cl, mean +- std over seeds."""
-    results = compare_report.main_results(compare_report.load_results(results_dir))
+    results = main_results(load_results(results_dir))
     multi = [r for r in results if r["method"] in MULTI_EXIT_METHODS]
-    layers = compare_report.exit_layers_of(multi)
+    layers = exit_layers_of(multi)
     if not layers:
         raise Skipped("no finished multi_exit_joint / acl_cl run (test.json with accuracy_exit*)")
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
@@ -200,7 +218,7 @@ def plot_layer_scores(results_dir: Path, out_dir: Path):
             values = [r["test"][key] for r in runs if key in r["test"]]
             if not values:
                 continue
-            mean, std, n = compare_report.summarize(values)
+            mean, std, n = summarize(values)
             xs.append(layer)
             means.append(mean)
             stds.append(0.0 if math.isnan(std) else std)
@@ -212,7 +230,7 @@ def plot_layer_scores(results_dir: Path, out_dir: Path):
     for offset, method in ((-0.08, "ce"), (0.08, "acl")):
         runs = [r for r in results if r["method"] == method]
         if runs:
-            mean, std, n = compare_report.summarize([r["test"]["accuracy"] for r in runs])
+            mean, std, n = summarize([r["test"]["accuracy"] for r in runs])
             ax.errorbar(
                 [layers[-1] + offset],
                 [mean],
@@ -391,8 +409,8 @@ def plot_tsne(
 
 def plot_lambda(results_dir: Path, out_dir: Path):
     """(e) Test accuracy vs lambda for ce_scl and acl (mean +- std over seeds)."""
-    results = compare_report.load_results(results_dir)
-    groups = {m: compare_report.lambda_groups(results, m) for m in SWEEP_METHODS}
+    results = load_results(results_dir)
+    groups = {m: lambda_groups(results, m) for m in SWEEP_METHODS}
     groups = {m: g for m, g in groups.items() if len(g) > 1}
     if not groups:
         raise Skipped("no lambda sweep (acl-fairseq-compare --lambdas ...) with two or more values")
@@ -400,11 +418,11 @@ def plot_lambda(results_dir: Path, out_dir: Path):
     rows = []
     all_lams = sorted({lam for g in groups.values() for lam in g})
     for method, by_lambda in groups.items():
-        chosen = compare_report.chosen_on_dev(by_lambda)
+        chosen = chosen_on_dev(by_lambda)
         xs, means, stds = [], [], []
         for lam, runs in by_lambda.items():
-            dev = compare_report.summarize([r["dev"]["accuracy"] for r in runs])
-            test = compare_report.summarize([r["test"]["accuracy"] for r in runs])
+            dev = summarize([r["dev"]["accuracy"] for r in runs])
+            test = summarize([r["test"]["accuracy"] for r in runs])
             xs.append(lam)
             means.append(test[0])
             stds.append(0.0 if math.isnan(test[1]) else test[1])
@@ -415,9 +433,9 @@ def plot_lambda(results_dir: Path, out_dir: Path):
         ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, color=color, label=method)
         i = xs.index(chosen)
         ax.scatter([xs[i]], [means[i]], s=220, facecolors="none", edgecolors=color, linewidths=1.5)
-    ce = [r for r in compare_report.main_results(results) if r["method"] == "ce"]
+    ce = [r for r in main_results(results) if r["method"] == "ce"]
     if ce:
-        mean, std, n = compare_report.summarize([r["test"]["accuracy"] for r in ce])
+        mean, std, n = summarize([r["test"]["accuracy"] for r in ce])
         ax.axhline(mean, color=COLORS["ce"], linestyle="--", label=f"ce (n={n})")
         if not math.isnan(std):
             ax.axhspan(mean - std, mean + std, color=COLORS["ce"], alpha=0.15)

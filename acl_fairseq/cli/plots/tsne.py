@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from acl_fairseq.checkpoint.inference import load_for_inference
+from acl_fairseq.models.heads import DEFAULT_HEAD
+
 
 def pooled_features(checkpoint: Path, data: Path, split: str = "test", batch_size: int = 64):
     """``(features N x C, targets N, ids N, label embeddings K x C, label names, predictions)``.
@@ -16,16 +19,12 @@ def pooled_features(checkpoint: Path, data: Path, split: str = "test", batch_siz
     (captured with a forward pre-hook); the label embeddings are ``out_proj.weight``.
     """
     import torch
-    from fairseq import checkpoint_utils, utils
+    from fairseq import utils
 
     logging.getLogger("fairseq").setLevel(logging.WARNING)
 
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(checkpoint)], arg_overrides={"data": str(data)}
-    )
-    model = models[0].eval()
-    head_name = getattr(task.cfg, "classification_head_name", None)
-    head_name = head_name or "sentence_classification_head"
+    model, task, _ = load_for_inference(checkpoint, data)
+    head_name = getattr(task.cfg, "classification_head_name", None) or DEFAULT_HEAD
     head = model.classification_heads[head_name]
     task.load_dataset(split)
     itr = task.get_batch_iterator(

@@ -39,9 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from acl_fairseq.acl_grad import AngleRecord, read_angle_log, scope_agreement
-from acl_fairseq.cli.compare.plan import METRIC_RE, count_examples, flag_value
+from acl_fairseq.compare_results import METRIC_RE
+from acl_fairseq.data.splits import count_examples
 from acl_fairseq.fairseq_log import log_records
 from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
+from acl_fairseq.recipe import flag_value
 
 SUMMARY_COLUMNS = [
     "study", "method", "variant", "n_train", "seeds", "updates_per_stage", "split", "metric",
