@@ -1,56 +1,31 @@
-"""Mistakes that fairseq would train through (or fail on late) stop before training.
+"""Checkpoints that fairseq would train through (or fail on late) stop before training.
 
 Each with a message that names the flag or file and the fix: a ``--restore-file`` that does
-not exist, a Hugging Face or non-fairseq file passed as a checkpoint, a label that is not in
-the label dictionary, ``--num-classes`` with fairseq's own criterion; and what makes configs
-and logs usable: the hydra configs on CPU, ``--tensorboard-logdir``, a quiet install.
+not exist or is a folder, a Hugging Face or non-fairseq file passed as a checkpoint, a
+checkpoint of another vocabulary or architecture; and resuming keeps working.
 """
 
 import logging
 import re
-import struct
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from fairseq import checkpoint_utils
-from fairseq.data import Dictionary, indexed_dataset
 
 import acl_fairseq  # noqa: F401  (installs the checkpoint checks)
+from acl_fairseq.checkpoint.fits import check_checkpoint_fits
 from acl_fairseq.checkpoint.safe_loading import check_restore_file
-from acl_fairseq.input_checks import check_split_files
 
-from fairseq_helpers import (
-    BIN,
-    REPO,
-    fairseq_train,
-    json_records,
-    preprocess,
-    run,
-    train_args,
-    write_sentiment_split,
-)
+from fairseq_helpers import copy_data, fails_with, fairseq_train, train_args, trained_updates
 
 TRAIN = train_args(task=None, max_update=2, no_epoch_checkpoints=True)
 STOCK_CE = ["--task", "sentence_prediction", "--criterion", "sentence_prediction"]
-ACL_CE = ["--task", "acl_sentence_prediction", "--criterion", "sentence_prediction"]
 ACL = ["--task", "acl_sentence_prediction", "--criterion", "acl_embed"]
+ACL_TRAIN = train_args(criterion="acl_embed", batch_size=8, max_update=2, no_epoch_checkpoints=True)
 CONVERTER = "acl-fairseq-convert-bert HF_DIR OUTDIR"
 NOT_FAIRSEQ = "A fairseq checkpoint is a torch file holding a dict with 'model'"
-
-
-def fails_with(data, save_dir, *args, message: str) -> str:
-    """Runs fairseq-train, expects it to fail with ``message``; returns its output."""
-    with pytest.raises(AssertionError, match=r"command failed") as info:
-        fairseq_train(data, save_dir, *args)
-    out = str(info.value)
-    assert message in out, out[-3000:]
-    return out
-
-
-def trained_updates(out: str) -> list[int]:
-    return [int(r["num_updates"]) for r in json_records(out) if "num_updates" in r]
 
 
 # ------------------------------------------------------- 1. --restore-file that does not exist
@@ -234,224 +209,94 @@ def test_wrong_kind_of_checkpoint_through_fairseq_train(sentiment_data, tmp_path
     assert not trained_updates(out)
 
 
-# ------------------------------------------------------- 3. a label outside label/dict.txt
-def write_binarized(lines: list[str], dictionary: Dictionary, prefix: Path) -> None:
-    builder = indexed_dataset.make_builder(f"{prefix}.bin", "mmap", vocab_size=len(dictionary))
-    for line in lines:
-        builder.add_item(dictionary.encode_line(line, add_if_not_exist=False, append_eos=True))
-    builder.finalize(f"{prefix}.idx")
-
-
-def test_unknown_label_is_named_with_its_raw_line(tmp_path):
-    """In-process, with a preprocess.log line as fairseq-preprocess writes it."""
-    data, raw = tmp_path / "bin", tmp_path / "raw"
-    for d in (data / "input0", data / "label", raw):
-        d.mkdir(parents=True)
-    words, labels = Dictionary(), Dictionary()
-    for w in ("a", "b"):
-        words.add_symbol(w)
-    for label in ("neg", "pos"):
-        labels.add_symbol(label)
-    valid = ["pos", "neg", "positive", "pos", "Neg"]
-    (raw / "valid.label").write_text("\n".join(valid) + "\n")
-    (data / "label" / "preprocess.log").write_text(
-        f"[None] {raw / 'valid.label'}: 5 sents, 10 tokens, 40.0% replaced (by <unk>)\n"
-    )
-    write_binarized(["a b"] * 5, words, data / "input0" / "valid")
-    write_binarized(valid, labels, data / "label" / "valid")
-    cfg = SimpleNamespace(data=str(data), regression_target=False, separator_token=None)
-    with pytest.raises(ValueError) as info:
-        check_split_files(cfg, "valid", words, labels)
-    assert str(info.value).startswith(
-        f"{data}/label/valid.bin: 2 of 5 labels are not in {data}/label/dict.txt (binarized as "
-        f"<unk>): lines 3, 5 of {raw / 'valid.label'} (line 3: 'positive', line 5: 'Neg'). "
-        "The dictionary lists neg, pos."
-    )
-    assert "re-run the data preparation" in str(info.value)
-    (raw / "valid.label").unlink()  # raw file gone: the lines are still named
-    with pytest.raises(ValueError, match=r"\(binarized as <unk>\): lines 3, 5\. The dictionary"):
-        check_split_files(cfg, "valid", words, labels)
-    write_binarized(["pos", "neg", "pos", "pos", "neg"], labels, data / "label" / "valid")
-    check_split_files(cfg, "valid", words, labels)  # every label known: no error
-
-
+# ------------------------------------------------------- 3. a checkpoint of another model
 @pytest.fixture(scope="module")
-def unknown_label_data(tmp_path_factory):
-    """Binarized by fairseq-preprocess: valid has a label ('2') that train does not have."""
-    root = tmp_path_factory.mktemp("unknown_label")
-    raw = root / "raw"
-    raw.mkdir()
-    write_sentiment_split(raw / "train", 96, seed=0)
-    write_sentiment_split(raw / "valid", 32, seed=1)
-    lines = (raw / "valid.label").read_text().splitlines()
-    lines[4] = "2"
-    (raw / "valid.label").write_text("\n".join(lines) + "\n")
-    return preprocess(raw, root / "bin"), raw
+def tiny_checkpoint(sentiment_data, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("tiny_checkpoint")
+    fairseq_train(sentiment_data, save_dir, *ACL_TRAIN, "--max-update", "1", "--disable-validation")
+    return save_dir / "checkpoint_last.pt"
+
+
+RESTORE = ["--reset-optimizer", "--reset-dataloader", "--reset-meters", "--reset-lr-scheduler"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", [ACL_CE, ACL], ids=["sentence_prediction", "acl_embed"])
-def test_unknown_label_stops_at_load_time(unknown_label_data, tmp_path, method):
-    data, raw = unknown_label_data
+def test_restore_file_with_another_vocabulary(sentiment_data, tmp_path, tiny_checkpoint):
+    # fairseq alone: "size mismatch for encoder.sentence_encoder.embed_tokens.weight ...
+    # Cannot load model parameters from checkpoint ...; please ensure that the architectures
+    # match" - but the architecture is the same: the dictionary differs
+    data = copy_data(sentiment_data, tmp_path / "data")
+    with open(data / "input0" / "dict.txt", "a") as f:
+        f.writelines(f"extra{i} 1\n" for i in range(5))
     out = fails_with(
         data,
-        tmp_path,
-        *TRAIN,
-        *method,
-        message=f"ValueError: {data}/label/valid.bin: 1 of 32 labels are not in "
-        f"{data}/label/dict.txt (binarized as <unk>): line 5 of {raw / 'valid.label'} "
-        "(line 5: '2'). The dictionary lists ",
+        tmp_path / "save",
+        *ACL_TRAIN,
+        "--restore-file",
+        str(tiny_checkpoint),
+        *RESTORE,
+        message="cannot load the checkpoint (--restore-file, --finetune-from-model or --path): "
+        "its vocabulary has 73 entries, this model's 78 (from "
+        f"{data}/input0/dict.txt). The data was binarized with another dictionary than the "
+        "checkpoint's: binarize it again with fairseq-preprocess --srcdict",
     )
-    assert re.search(r"The dictionary lists (0, 1|1, 0)\. Fix the label if it is a typo", out)
-    assert not trained_updates(out)
+    assert f"Cannot load model parameters from checkpoint {tiny_checkpoint}" in out
 
 
-# ------------------------------------------------------- 4. --num-classes with fairseq's criterion
 @pytest.mark.slow
-def test_num_classes_is_checked_for_fairseqs_criterion(sentiment_data, tmp_path):
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--encoder-layers", "3"],
+            "it has 2 encoder layers, this model 3 (--encoder-layers / --arch must match",
+        ),
+        (
+            ["--encoder-embed-dim", "16"],
+            "its embeddings have 32 dimensions, this model's 16 (--encoder-embed-dim",
+        ),
+        (
+            ["--encoder-ffn-embed-dim", "48"],
+            "encoder.sentence_encoder.layers.0.fc1.weight is (64, 32) in the checkpoint but "
+            "(48, 32) in this model (--arch and the --encoder-* sizes must match",
+        ),
+    ],
+)
+def test_restore_file_of_another_architecture(
+    sentiment_data, tmp_path, tiny_checkpoint, args, message
+):
     out = fails_with(
         sentiment_data,
         tmp_path,
-        *TRAIN,
-        *ACL_CE,
-        "--num-classes",
-        "3",
-        message=f"ValueError: --num-classes 3 does not match {sentiment_data}/label/dict.txt, "
-        "which lists 2 labels (",
+        *ACL_TRAIN,
+        "--restore-file",
+        str(tiny_checkpoint),
+        *RESTORE,
+        *args,
+        message="cannot load the checkpoint (--restore-file, --finetune-from-model or --path): "
+        + message,
     )
-    assert re.search(r"which lists 2 labels \((0, 1|1, 0)\); pass --num-classes 2", out)
-    assert not trained_updates(out)
+    assert f"Cannot load model parameters from checkpoint {tiny_checkpoint}" in out
 
 
-@pytest.mark.slow
-def test_ce_trains_the_same_on_the_plugins_task(sentiment_data, tmp_path):
-    """The task runs fairseq's own train_step for a criterion without loss terms: the same
-    losses, update by update, as fairseq's sentence_prediction task."""
-    args = [*TRAIN, "--max-update", "4", "--dropout", "0.1", "--no-save"]
-    stock = fairseq_train(sentiment_data, tmp_path / "stock", *args, *STOCK_CE)
-    plugin = fairseq_train(sentiment_data, tmp_path / "plugin", *args, *ACL_CE)
-
-    def losses(out):
-        return [
-            (r["num_updates"], r["loss"], r["accuracy"])
-            for r in json_records(out)
-            if "num_updates" in r and "epoch" in r
-        ]
-
-    assert len(losses(stock)) == 4
-    assert losses(plugin) == losses(stock)
-
-
-def test_train_sh_runs_every_method_on_the_plugins_task():
-    for task, method in [("RTE", "ce"), ("STS-B", "ce"), ("RTE", "acl")]:
-        proc = run(
-            ["bash", str(REPO / "scripts/glue/train.sh"), task, method, "--dry-run"],
-            env={"DATA_DIR": "/nonexistent", "PRETRAINED": "none", "FP16": "0"},
-        )
-        command = [line for line in proc.splitlines() if "fairseq-train" in line]
-        assert len(command) == 1 and " --task acl_sentence_prediction " in command[0], proc
-
-
-# ------------------------------------------------------- 5. the hydra configs on CPU
-CONFIGS = REPO / "configs" / "finetuning"
-CPU_OVERRIDES = "common.cpu=true common.fp16=false"
-
-
-def test_configs_document_the_cpu_overrides():
-    for path in sorted(CONFIGS.glob("*.yaml")):
-        header = path.read_text().split("\nhydra:")[0]
-        assert f"on a CPU-only machine add  {CPU_OVERRIDES}" in header, path
-        assert "fp16: true" in path.read_text(), path  # still fp16 on a GPU
-    assert CPU_OVERRIDES in (REPO / "configs" / "README.md").read_text()
-
-
-@pytest.mark.slow
-def test_hydra_config_trains_on_cpu_with_the_documented_overrides(sentiment_data, tmp_path):
-    save_dir = tmp_path / "ck"
-    out = run(
-        [
-            str(BIN / "fairseq-hydra-train"),
-            "--config-dir",
-            str(CONFIGS),
-            "--config-name",
-            "sst_2",
-            f"task.data={sentiment_data}",
-            f"checkpoint.save_dir={save_dir}",
-            "checkpoint.restore_file=checkpoint_last.pt",
-            *CPU_OVERRIDES.split(),
-            "dataset.num_workers=0",
-            "optimization.max_update=3",
-            "common.log_interval=1",
-            "task.max_positions=64",
-            "++model.encoder_layers=2",
-            "++model.encoder_embed_dim=32",
-            "++model.encoder_ffn_embed_dim=64",
-            "++model.encoder_attention_heads=2",
-        ],
-        timeout=300,
-    )
-    assert (save_dir / "checkpoint_best.pt").is_file()
-    assert "'fp16': False" in out and "'cpu': True" in out
-    assert max(int(r.get("train_num_updates", 0)) for r in json_records(out)) == 3
-
-
-# ------------------------------------------------------- 6. --tensorboard-logdir
-def scalar_tags(folder: Path) -> set[str]:
-    """The scalar tags in the TensorBoard event files of ``folder`` (TFRecord framing:
-    u64 length, u32 crc, an Event message, u32 crc)."""
-    from tensorboardX.proto import event_pb2
-
-    tags = set()
-    for path in folder.glob("events.out.tfevents.*"):
-        data, i = path.read_bytes(), 0
-        while i < len(data):
-            (n,) = struct.unpack("<Q", data[i : i + 8])
-            event = event_pb2.Event()
-            event.ParseFromString(data[i + 12 : i + 12 + n])
-            tags |= {v.tag for v in event.summary.value if v.HasField("simple_value")}
-            i += 12 + n + 4
-    return tags
-
-
-@pytest.mark.slow
-def test_tensorboard_logdir_writes_the_acl_scalars(sentiment_data, tmp_path):
-    logdir = tmp_path / "tb"
-    fairseq_train(
-        sentiment_data,
-        tmp_path / "ck",
-        *TRAIN,
-        "--arch",
-        "multi_exit_roberta_tiny",
-        "--encoder-layers",
-        "2",
-        "--task",
-        "acl_sentence_prediction",
-        "--criterion",
-        "acl_cross_layer",
-        "--no-save",
-        "--tensorboard-logdir",
-        str(logdir),
-    )
-    per_exit = {"accuracy_exit1", "accuracy_exit2"}
-    acl = {"acl_grad_angle", "acl_grad_drop", "ce_loss", "contrastive_loss"}
-    assert acl | per_exit | {"loss", "accuracy"} <= scalar_tags(logdir / "train_inner")
-    assert per_exit | {"ce_loss", "contrastive_loss"} <= scalar_tags(logdir / "valid")
-
-
-# ------------------------------------------------------- 7. the install prints no false alarm
-def test_install_sh_installs_fairseq_last_without_dependency_checks():
-    """pip reports fairseq-fixed's missing torchaudio whenever a later install touches one of
-    fairseq's dependencies; pip skips that report for --no-deps, so fairseq goes last."""
-    lines = (REPO / "scripts" / "install.sh").read_text().splitlines()
-    installs = [i for i, line in enumerate(lines) if "$PIP install" in line]
-    fairseq = [i for i in installs if "fairseq-fixed" in lines[i]]
-    assert len(fairseq) == 1 and fairseq[0] == installs[-1]
-    assert "--no-deps" in lines[fairseq[0]] and "--no-build-isolation" in lines[fairseq[0]]
-    assert not any("torchaudio" in lines[i] for i in installs)
-    assert "tensorboardX" in "\n".join(lines[installs[0] :])
-
-
-def test_fairseq_writes_tensorboard_files_with_an_installed_writer():
-    from fairseq.logging import progress_bar
-
-    assert progress_bar.SummaryWriter is not None, "pip install tensorboardX"
+def test_checkpoint_check_leaves_classification_heads_and_legacy_names_alone():
+    own = {
+        "encoder.sentence_encoder.embed_tokens.weight": torch.zeros(10, 4),
+        "encoder.sentence_encoder.layers.0.fc1.weight": torch.zeros(8, 4),
+        "classification_heads.h.out_proj.weight": torch.zeros(2, 4),
+    }
+    ckpt = {
+        "decoder.sentence_encoder.embed_tokens.weight": torch.zeros(10, 4),  # old RoBERTa
+        "decoder.sentence_encoder.layers.0.fc1.weight": torch.zeros(8, 4),
+        "classification_heads.h.out_proj.weight": torch.zeros(3, 4),  # RoBERTa replaces it
+    }
+    check_checkpoint_fits(ckpt, own, "DATA")
+    ckpt["decoder.sentence_encoder.embed_tokens.weight"] = torch.zeros(11, 4)
+    with pytest.raises(ValueError, match="its vocabulary has 11 entries, this model's 10"):
+        check_checkpoint_fits(ckpt, own, "DATA")
+    # EMA restores with strict=False: extra layers are torch's business, not an error here
+    ckpt["decoder.sentence_encoder.embed_tokens.weight"] = torch.zeros(10, 4)
+    ckpt["decoder.sentence_encoder.layers.1.fc1.weight"] = torch.zeros(8, 4)
+    check_checkpoint_fits(ckpt, own, "DATA", strict=False)
+    with pytest.raises(ValueError, match="it has 2 encoder layers, this model 1"):
+        check_checkpoint_fits(ckpt, own, "DATA")

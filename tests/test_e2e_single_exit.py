@@ -145,3 +145,26 @@ def test_a_bad_flag_fails_through_the_command_line_before_training(sentiment_dat
             "--acl-grad-threshold", "200",
         )  # fmt: skip
     assert "begin training epoch" not in str(failure.value)
+
+
+STOCK_CE = ["--task", "sentence_prediction", "--criterion", "sentence_prediction"]
+ACL_CE = ["--task", "acl_sentence_prediction", "--criterion", "sentence_prediction"]
+
+
+@pytest.mark.slow
+def test_ce_trains_the_same_on_the_plugins_task(sentiment_data, tmp_path):
+    """The task runs fairseq's own train_step for a criterion without loss terms: the same
+    losses, update by update, as fairseq's sentence_prediction task."""
+    args = [*train_args(task=None), "--max-update", "4", "--dropout", "0.1", "--no-save"]
+    stock = fairseq_train(sentiment_data, tmp_path / "stock", *args, *STOCK_CE)
+    plugin = fairseq_train(sentiment_data, tmp_path / "plugin", *args, *ACL_CE)
+
+    def losses(out):
+        return [
+            (r["num_updates"], r["loss"], r["accuracy"])
+            for r in json_records(out)
+            if "num_updates" in r and "epoch" in r
+        ]
+
+    assert len(losses(stock)) == 4
+    assert losses(plugin) == losses(stock)
