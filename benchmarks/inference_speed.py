@@ -184,9 +184,10 @@ def loop_cost(
 
 
 def time_breakdown(model: Any, tokens: Tensor, threshold: float, rounds: int) -> list[str]:
-    """Where ``early_exit`` spends its time: encoder layers, exit heads, the rest (embedding,
-    policy, row removal, Python), from forward hooks; how the per-row cost of a layer grows
-    when fewer rows run; and the top operators of a profile."""
+    """Where ``early_exit`` spends its time: encoder layers, exit heads (their dense and
+    out_proj layers), the rest (embedding, policy, row removal, Python), from forward hooks;
+    how the per-row cost of a layer grows when fewer rows run; and the top operators of a
+    profile."""
     device = tokens.device
     spent = {"layers": 0.0, "heads": 0.0}
     starts: dict[int, float] = {}
@@ -214,8 +215,12 @@ def time_breakdown(model: Any, tokens: Tensor, threshold: float, rounds: int) ->
             layer.register_forward_pre_hook(pre),
             layer.register_forward_hook(post("layers")),
         ]
-    for _, head in model.exit_heads(HEAD):
-        handles += [head.register_forward_pre_hook(pre), head.register_forward_hook(post("heads"))]
+    for _, head in model.exit_heads(HEAD):  # the loop calls pool + classify, not forward
+        for part in (head.dense, head.out_proj):
+            handles += [
+                part.register_forward_pre_hook(pre),
+                part.register_forward_hook(post("heads")),
+            ]
     policy = EntropyPolicy(threshold)
     lines = []
     try:
