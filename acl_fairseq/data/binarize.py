@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import shutil
 import subprocess
@@ -43,13 +44,23 @@ def run_fairseq_preprocess(args: list[str], use_subprocess: bool = False) -> Non
     parsed = options.get_preprocessing_parser().parse_args(args)
     pre_logger = logging.getLogger("fairseq_cli.preprocess")
     handlers = list(pre_logger.handlers)
+    consoles = logging.getLogger().handlers  # not destdir/preprocess.log: it keeps the record
+    for console in consoles:
+        console.addFilter(_no_namespace)
     try:
         preprocess.main(parsed)
     finally:  # main() adds a FileHandler for destdir/preprocess.log on every call
+        for console in consoles:
+            console.removeFilter(_no_namespace)
         for handler in pre_logger.handlers[:]:
             if handler not in handlers:
                 pre_logger.removeHandler(handler)
                 handler.close()
+
+
+def _no_namespace(record: logging.LogRecord) -> bool:
+    """fairseq-preprocess logs its whole argument namespace first: not on the console."""
+    return not isinstance(record.msg, argparse.Namespace)
 
 
 @dataclass

@@ -214,6 +214,7 @@ def main(argv=None) -> None:
     p.add_argument("--force", action="store_true", help="train again even if checkpoints exist")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger().setLevel(logging.WARNING)  # importing fairseq set it to DEBUG
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -273,7 +274,7 @@ def main(argv=None) -> None:
     print(examples)
     results = work / "results.md"
     results.write_text("\n".join(lines) + "\n\n" + sweep.stdout + "\n\n" + examples + "\n")
-    print(f"\ndone in {(time.time() - t0) / 60:.1f} min; tables in {results}")
+    print(f"\ndone in {(time.time() - t0) / 60:.1f} min; tables in {shown(results)}")
 
 
 if __name__ == "__main__":

@@ -236,10 +236,9 @@ def run(args: argparse.Namespace) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``acl-fairseq-prepare`` command (logging to stderr); returns the exit status."""
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        level=os.environ.get("LOGLEVEL", "INFO").upper(),
-    )
+    level = os.environ.get("LOGLEVEL", "INFO").upper()
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=level)
+    logging.getLogger().setLevel(level)  # importing fairseq set the root logger to DEBUG
     args = build_parser().parse_args(argv)
     try:
         run(args)
