@@ -30,25 +30,17 @@ Every plot is drawn when its inputs exist and skipped (with the reason) otherwis
 from __future__ import annotations
 
 import argparse
-import csv
-import logging
 import math
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging set-up is verbose
-import matplotlib  # noqa: E402
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from acl_fairseq.acl_grad import read_angle_log  # noqa: E402
-from acl_fairseq.cli.plots.tsne import pooled_features, tsne_embed  # noqa: E402
-from acl_fairseq.compare_results import (  # noqa: E402
+from acl_fairseq.acl_grad import read_angle_log
+from acl_fairseq.cli.plots.figures import COLORS, Skipped, main_runs, plt, save_plot, write_csv
+from acl_fairseq.cli.plots.tsne import plot_tsne
+from acl_fairseq.compare_results import (
     SWEEP_METHODS,
     chosen_on_dev,
     exit_layers_of,
@@ -57,9 +49,9 @@ from acl_fairseq.compare_results import (  # noqa: E402
     main_results,
     summarize,
 )
-from acl_fairseq.early_exit.table import read_sweep  # noqa: E402
-from acl_fairseq.help_format import HelpFormatter  # noqa: E402
-from acl_fairseq.recipe import MULTI_EXIT_METHODS  # noqa: E402
+from acl_fairseq.early_exit.table import read_sweep
+from acl_fairseq.help_format import HelpFormatter
+from acl_fairseq.recipe import MULTI_EXIT_METHODS
 
 EARLY_EXIT_CSV = (  # the CSV behind early_exit.png
     "label",
@@ -72,49 +64,6 @@ EARLY_EXIT_CSV = (  # the CSV behind early_exit.png
     "wall_speedup",
 )
 ANGLE_METHODS = ("ce_scl", "acl")
-TSNE_METHODS = (("ce", "CE"), ("acl", "ACL (ACL-Embed + ACL-Grad)"))
-COLORS = {
-    "ce": "tab:gray",
-    "ce_scl": "tab:orange",
-    "acl": "tab:blue",
-    "multi_exit_joint": "tab:orange",
-    "acl_cl": "tab:blue",
-}
-
-
-class Skipped(Exception):
-    """A plot whose inputs are missing."""
-
-
-def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(header)
-        for row in rows:
-            writer.writerow([f"{v:.6g}" if isinstance(v, float) else v for v in row])
-
-
-def save_plot(
-    fig, out_dir: Path, name: str, header: Sequence[str], rows: Sequence[Sequence[Any]]
-) -> list[Path]:
-    """Writes ``name``.png and the numbers behind it as ``name``.csv; returns both paths."""
-    fig.tight_layout()
-    png = out_dir / f"{name}.png"
-    fig.savefig(png, dpi=150)
-    plt.close(fig)
-    write_csv(out_dir / f"{name}.csv", header, rows)
-    return [png, out_dir / f"{name}.csv"]
-
-
-def main_runs(results_dir: Path, method: str) -> list[Path]:
-    """``runs/<method>-seed<k>`` folders (not the lambda sweep), by seed."""
-    pattern = re.compile(rf"{re.escape(method)}-seed(\d+)")
-    found = []
-    for d in (results_dir / "runs").glob(f"{method}-seed*"):
-        m = pattern.fullmatch(d.name)
-        if m and d.is_dir():
-            found.append((int(m.group(1)), d))
-    return [d for _, d in sorted(found)]
 
 
 def _threshold(run_dir: Path) -> float | None:
@@ -329,79 +278,6 @@ def plot_early_exit(results_dir: Path, out_dir: Path, specs: Sequence[str] | Non
 
 
 # ----------------------------------------------------------------------------- (d)
-
-
-def plot_tsne(
-    results_dir: Path,
-    out_dir: Path,
-    data: Path | None,
-    seed: int | None = None,
-    split: str = "test",
-    max_examples: int = 2000,
-):
-    """(d) t-SNE of the test split's pooled features with the label embeddings, CE vs ACL."""
-    if data is None:
-        raise Skipped("needs --data (the binarized dataset the runs were trained on)")
-    seeds = None
-    for method, _ in TSNE_METHODS:
-        have = {
-            int(d.name.rsplit("seed", 1)[1])
-            for d in main_runs(results_dir, method)
-            if (d / "checkpoint_best.pt").exists()
-        }
-        seeds = have if seeds is None else seeds & have
-    if seed is None:
-        if not seeds:
-            raise Skipped("no seed with both runs/ce-seed<k> and runs/acl-seed<k> checkpoints")
-        seed = min(seeds)
-    elif seed not in (seeds or set()):
-        raise Skipped(f"runs/ce-seed{seed} or runs/acl-seed{seed} has no checkpoint_best.pt")
-    fig, axes = plt.subplots(1, len(TSNE_METHODS), figsize=(6 * len(TSNE_METHODS), 5.4))
-    csv_rows = []
-    rng = np.random.default_rng(0)
-    keep = None
-    for ax, (method, title) in zip(np.atleast_1d(axes), TSNE_METHODS):
-        run = f"{method}-seed{seed}"
-        checkpoint = results_dir / "runs" / run / "checkpoint_best.pt"
-        feats, targets, ids, labels, names, preds = pooled_features(checkpoint, data, split)
-        if keep is None:  # the same examples for every model
-            n = len(ids)
-            keep = np.arange(n)
-            if n > max_examples:
-                keep = np.sort(rng.choice(n, size=max_examples, replace=False))
-        feats, targets, ids, preds = feats[keep], targets[keep], ids[keep], preds[keep]
-        xy = tsne_embed(feats, labels)
-        samples, label_xy = xy[: len(feats)], xy[len(feats) :]
-        accuracy = 100.0 * float(np.mean(preds == targets))
-        for k, name in enumerate(names):
-            color = f"C{k % 10}"
-            mask = targets == k
-            ax.scatter(samples[mask, 0], samples[mask, 1], s=6, alpha=0.5, color=color, label=name)
-            ax.scatter(
-                label_xy[k, 0],
-                label_xy[k, 1],
-                s=380,
-                marker="*",
-                color=color,
-                edgecolors="black",
-                linewidths=1.2,
-                label=f"{name} (label embedding)",
-                zorder=5,
-            )
-        ax.set_title(f"{title}\n{run}, {split} ({len(feats)} examples, acc {accuracy:.1f}%)")
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.legend(fontsize=7, loc="best", markerscale=0.6)
-        for i in range(len(feats)):
-            x, y = float(samples[i, 0]), float(samples[i, 1])
-            label, pred = names[int(targets[i])], names[int(preds[i])]
-            csv_rows.append([method, run, "sample", int(ids[i]), label, pred, x, y])
-        for k, name in enumerate(names):
-            x, y = float(label_xy[k, 0]), float(label_xy[k, 1])
-            csv_rows.append([method, run, "label_embedding", k, name, name, x, y])
-    fig.suptitle("t-SNE of pooled features (•) and label embeddings (★), L2-normalised")
-    header = ["method", "run", "kind", "id", "label", "prediction", "x", "y"]
-    return save_plot(fig, out_dir, "tsne", header, csv_rows)
 
 
 # ----------------------------------------------------------------------------- (e)

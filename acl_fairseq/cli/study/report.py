@@ -41,9 +41,9 @@ from typing import Any
 from acl_fairseq.acl_grad import AngleRecord, read_angle_log, scope_agreement
 from acl_fairseq.compare_results import METRIC_RE
 from acl_fairseq.data.splits import count_examples
-from acl_fairseq.fairseq_log import log_records
+from acl_fairseq.fairseq_log import log_records as train_log_records
 from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
-from acl_fairseq.recipe import flag_value
+from acl_fairseq.recipe import flag_value as flag
 
 SUMMARY_COLUMNS = [
     "study", "method", "variant", "n_train", "seeds", "updates_per_stage", "split", "metric",
@@ -51,14 +51,6 @@ SUMMARY_COLUMNS = [
 ]  # fmt: skip
 STUDY_OF = {"movie": "full", "pair": "pair", "fewshot": "fewshot"}
 SMALL_FILES = ("test.json", "run.json", "command.txt", "train.log", "test.log", "angles.tsv")
-
-
-def flag(command: Sequence[str], name: str) -> str | None:
-    return flag_value(command, name)
-
-
-def train_log_records(path: Path, kind: str) -> list[dict]:
-    return log_records(path, kind)
 
 
 def variant_of(method: str, command: Sequence[str]) -> str:
