@@ -138,7 +138,7 @@ def test_import_twice_registers_once():
 
 def test_a_bad_flag_fails_through_the_command_line_before_training(sentiment_data, tmp_path):
     """One case through fairseq-train itself; every flag check has an in-process test in
-    tests/test_bad_input.py."""
+    tests/test_criterion_settings.py."""
     with pytest.raises(AssertionError, match="--acl-grad-threshold is an angle") as failure:
         fairseq_train(
             sentiment_data, tmp_path, *TRAIN, "--criterion", "acl_embed",

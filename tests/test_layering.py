@@ -65,3 +65,31 @@ def test_a_tool_imports_no_other_tool(tool):
             if m.startswith("acl_fairseq.cli.") and m.split(".")[2] != tool
         }
         assert not others, f"{path.relative_to(REPO)} imports {sorted(others)}"
+
+
+def readme_layout() -> set[str]:
+    """The ``.py`` files the README's layout block lists, as paths from the repository root."""
+    block = (REPO / "README.md").read_text(encoding="utf-8").split("## Layout")[1].split("```")[1]
+    listed, stack = set(), []  # stack: (indent, folder) of the enclosing folders
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent, name = len(line) - len(line.lstrip()), line.split()[0]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if name.endswith("/"):
+            stack.append((indent, name))
+        elif name.endswith(".py"):
+            listed.add("".join(folder for _, folder in stack) + name)
+    return listed
+
+
+def test_the_readme_layout_lists_every_module_and_only_those():
+    modules = {
+        p.relative_to(REPO).as_posix()
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "__main__.py" and (p.name != "__init__.py" or p.parent == PACKAGE)
+    }
+    listed = readme_layout()
+    assert not modules - listed, f"not in README's layout: {sorted(modules - listed)}"
+    assert not listed - modules, f"in README's layout, not in the tree: {sorted(listed - modules)}"
