@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from ..models.heads import DEFAULT_HEAD
+
 logger = logging.getLogger("convert_hf_bert")
 
 #: fairseq ``Dictionary`` special symbols at indices 0..3 and the BERT tokens mapped onto them.
@@ -35,14 +37,13 @@ HIDDEN_ACT_TO_FAIRSEQ: dict[str, str] = {
     "relu": "relu",
 }
 #: Files copied verbatim so that data preparation tokenizes with the same vocabulary.
-TOKENIZER_FILES: tuple[str, ...] = (
+TOKENIZER_FILES = (
     "vocab.txt",
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
 )
 FAIRSEQ_PADDING_IDX = 1
-DEFAULT_HEAD = "sentence_classification_head"  # fairseq's name of the final head
 FAIRSEQ_LAYER_NORM_EPS = 1e-5
 #: Source keys that carry no information for the fairseq encoder (buffers, tied or NSP weights).
 _IGNORED_KEY_RE = re.compile(

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acl_fairseq.hf_bert.convert import convert
-from acl_fairseq.hf_bert.state import DEFAULT_HEAD, ConversionError
+from acl_fairseq.hf_bert.state import ConversionError
+from acl_fairseq.models.heads import DEFAULT_HEAD
 
 
 def main(argv: Sequence[str] | None = None) -> int:
