@@ -197,8 +197,7 @@ def read_special_tokens(hf_dir: Path) -> dict[str, str]:
     tokens = dict(DEFAULT_SPECIAL_TOKENS)
     path = hf_dir / "special_tokens_map.json"
     if path.is_file():
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        data = json.loads(path.read_text(encoding="utf-8"))
         for role in tokens:
             value = data.get(role)
             if isinstance(value, dict):
