@@ -4,9 +4,9 @@ Load with ``fairseq-train --user-dir acl_fairseq`` (or ``fairseq-validate``,
 ``fairseq-hydra-train``); importing the package registers its criterions, models and tasks.
 """
 
-from . import checkpoint_loading
+from .checkpoint import safe_loading
 
-checkpoint_loading.install()
+safe_loading.install()
 
 from . import criterions, models, tasks  # noqa: E402, F401
 

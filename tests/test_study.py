@@ -271,7 +271,7 @@ def _tiny_study(monkeypatch, root: Path) -> Path:
 
 @pytest.mark.slow
 def test_restore_then_every_phase_trains_nothing_and_report_reproduces_docs(
-    tmp_path, monkeypatch, capsys
+    tmp_path, monkeypatch, capfd
 ):
     """The real path of a study resumed on another machine: the phases, their report,
     ``restore`` into a fresh work folder (same data and model, no checkpoints), the phases
@@ -281,7 +281,7 @@ def test_restore_then_every_phase_trains_nothing_and_report_reproduces_docs(
     assert study.main(phases) == 0
     docs = tmp_path / "docs"
     assert study_report.main(["--work-dir", str(work), "--out", str(docs)]) == 0
-    capsys.readouterr()
+    capfd.readouterr()
     chosen = json.loads((work / "runs" / "movie" / "choices.json").read_text())["acl_cl"]
     assert (docs / "links.csv").read_text().splitlines() == [
         "folder,run,target",
@@ -299,7 +299,7 @@ def test_restore_then_every_phase_trains_nothing_and_report_reproduces_docs(
     assert study.main(["restore", "--work-dir", str(fresh), "--docs", str(docs)]) == 0
     assert not list((fresh / "runs").glob("**/*.pt"))
     assert study.main([*TINY_STUDY_PHASES, "--work-dir", str(fresh), "--threads", "1"]) == 0
-    printed = capsys.readouterr().out
+    printed = capfd.readouterr().out
     assert not re.search(r"[1-9]\d* trained,|: training \d+ updates|trained again", printed)
     assert "done before" in printed
     again = tmp_path / "docs-again"
@@ -315,7 +315,7 @@ def test_restore_then_every_phase_trains_nothing_and_report_reproduces_docs(
     variant = fresh / "runs" / "movie" / "variants" / "live-exit-0.5" / "runs" / "acl_cl-seed1"
     (variant / "test.json").unlink()
     assert study.main(["movie-variants", "--work-dir", str(fresh), "--threads", "1"]) == 0
-    printed = capsys.readouterr().out
+    printed = capfd.readouterr().out
     stage1 = fresh / "runs" / "movie" / "grid" / "acl-lam0.5-tau0.3" / "runs" / "acl-seed1"
     assert (stage1 / "checkpoint_best.pt").exists() and (variant / "test.json").exists()
     assert (fresh / "runs" / "movie" / "main" / "runs" / "acl-seed1").is_symlink()

@@ -32,13 +32,8 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 
 from ..acl_grad import AclGrad, AclGradCriterion, AclGradLogConfig
-from ..input_checks import (
-    check_dictionaries,
-    check_lengths,
-    check_num_classes,
-    check_split_files,
-    load_state_dict_checked,
-)
+from ..checkpoint.fits import load_state_dict_checked
+from ..input_checks import check_dictionaries, check_lengths, check_num_classes, check_split_files
 
 
 @dataclass

@@ -28,8 +28,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from acl_fairseq.cli import demo
-from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
+from acl_fairseq.data.demo_assets import converted_model, fetch_assets, polarity_rows, prepare_tsv
+from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 
 DEMO_TRAIN, DEV, TEST = 1600, 600, 2000
 PAIR_SPLITS = {"train": (0, 6000), "dev": (6000, 7000), "test": (7000, 10000)}
@@ -42,7 +42,7 @@ DEV_SEED_OFFSET = 10_000  # the dev draw's seed: never one of a training draw
 
 def movie_rows(snippets: Path) -> list[tuple[str, str]]:
     """(text, label) of every non-zero-score sentence, in the demo's shuffled order."""
-    return demo.polarity_rows(snippets)
+    return polarity_rows(snippets)
 
 
 def movie_splits(rows: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
@@ -118,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
 
-    hf_dir, snippets = demo.fetch_assets(work)
-    model_dir = demo.convert_model(hf_dir, work)
+    hf_dir, snippets = fetch_assets(work)
+    model_dir = converted_model(hf_dir, work)
+    print(f"model: {model_dir}\ndata:  {snippets}")
     data = work / "data"
 
     movie = movie_splits(movie_rows(snippets))
@@ -127,13 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     for split, rows in movie.items():
         write_tsv(raw / f"{split}.tsv", rows)
     print({k: len(v) for k, v in movie.items()})
-    demo.prepare_tsv(raw, "movie", model_dir, data)
+    prepare_tsv(raw, "movie", model_dir, data)
 
     if args.pair_tsv:
         raw = work / "raw" / "pair"
         for split, rows in pair_splits(args.pair_tsv).items():
             write_tsv(raw / f"{split}.tsv", rows)
-        demo.prepare_tsv(raw, "pair", model_dir, data, "1,2")
+        prepare_tsv(raw, "pair", model_dir, data, "1,2")
 
     if not args.no_fewshot:
         for k in FEWSHOT_SIZES:
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_tsv(raw / "train.tsv", fewshot_train(movie["train"], k, seed))
                 for split in ("dev", "test"):
                     shutil.copyfile(work / "raw" / "movie" / f"{split}.tsv", raw / f"{split}.tsv")
-                demo.prepare_tsv(raw, name, model_dir, data)
+                prepare_tsv(raw, name, model_dir, data)
     if args.fewshot_dev:
         for k in FEWSHOT_DEV_SIZES:
             for draw in FEWSHOT_DEV_DRAWS:
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 write_tsv(raw / "train.tsv", train)
                 write_tsv(raw / "dev.tsv", dev)
                 shutil.copyfile(work / "raw" / "movie" / "test.tsv", raw / "test.tsv")
-                demo.prepare_tsv(raw, name, model_dir, data)
+                prepare_tsv(raw, name, model_dir, data)
     print(f"data in {data}")
     return 0
 

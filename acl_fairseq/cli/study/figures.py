@@ -127,7 +127,7 @@ def grid_and_exit_figures(records: list[dict], work: Path, out: Path) -> None:
         write_csv(fig_dir / "lambda.csv", ["task", "method", "lambda_tau", "dev", "test"], rows)
     tables = sorted((work / "runs").glob("*/earlyexit/*.tsv"))
     if tables:
-        from acl_fairseq.cli.sweep_table import read_sweep
+        from acl_fairseq.early_exit.table import read_sweep
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for table in tables:

@@ -38,10 +38,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from acl_fairseq.cli.compare.cli import main as compare_main
-from acl_fairseq.cli.compare.plan import count_examples
-from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 from acl_fairseq.cli.study.runs import check_retrained, link_run, need_checkpoints, restore
+from acl_fairseq.data.splits import count_examples
+from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 
 # Sized to about 10-15 CPU-hours on 2 cores (1 thread per run, 2 runs at a time): an epoch cap
 # of 2, a 2-point lambda grid at tau 0.3 (the same for both methods and both tasks), one epoch
@@ -122,7 +121,8 @@ class Study:
         if not record.exists():
             record.write_text(json.dumps({"commit": git_commit()}) + "\n", encoding="utf-8")
         print(f"\n### {out.relative_to(self.work)}", flush=True)
-        code = compare_main([*args, "--out", str(out)])
+        compare = [sys.executable, "-m", "acl_fairseq.cli.compare", *args, "--out", str(out)]
+        code = subprocess.run(compare).returncode
         if code:
             raise SystemExit(f"compare failed in {out}")
 

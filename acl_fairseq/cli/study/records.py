@@ -12,9 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from acl_fairseq.cli.compare.plan import METRIC_RE, count_examples, flag_value
-from acl_fairseq.cli.fairseq_log import log_records
+from acl_fairseq.compare_results import METRIC_RE
+from acl_fairseq.data.splits import count_examples
+from acl_fairseq.fairseq_log import log_records
 from acl_fairseq.predictions import PREDICTIONS_FILE, SplitPredictions, read_predictions
+from acl_fairseq.recipe import flag_value
 
 # study name of each task folder under WORK/runs (the others are named by their folder:
 # pair-converged, lambda, fewshot-dev, acl-cl-same-start)

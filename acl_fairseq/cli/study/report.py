@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from acl_fairseq.acl_grad import AngleRecord, read_angle_log, scope_agreement
-from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 from acl_fairseq.cli.study.figures import figures, grid_and_exit_figures
 from acl_fairseq.cli.study.paired import PAIRED_COLUMNS, fewshot_draws, paired_rows
 from acl_fairseq.cli.study.records import (
@@ -50,6 +49,7 @@ from acl_fairseq.cli.study.records import (
     write_csv,
 )
 from acl_fairseq.cli.study.runs import LINKS_FILE, write_links
+from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 from acl_fairseq.predictions import PREDICTIONS_FILE
 
 SUMMARY_COLUMNS = [

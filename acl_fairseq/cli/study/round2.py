@@ -32,7 +32,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from acl_fairseq.cli.compare.plan import count_examples
 from acl_fairseq.cli.study.data import FEWSHOT_DEV_DRAWS, FEWSHOT_DEV_SIZES
 from acl_fairseq.cli.study.phases import (
     ACL_EXTRA,
@@ -46,7 +45,8 @@ from acl_fairseq.cli.study.phases import (
     lr_name,
 )
 from acl_fairseq.cli.study.runs import link_run
-from acl_fairseq.exit_policy_file import POLICY_FILE
+from acl_fairseq.data.splits import count_examples
+from acl_fairseq.early_exit.saved_policy import POLICY_FILE
 
 SEEDS = (1, 2, 3, 4, 5)
 CAP_EPOCHS = 6  # the longest cap tried on the pairs

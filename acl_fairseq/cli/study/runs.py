@@ -22,7 +22,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from acl_fairseq.cli.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
+from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 
 LINKS_FILE = "links.csv"
 LINK_COLUMNS = ("folder", "run", "target")  # folder/runs/run -> target/runs/run
