@@ -26,9 +26,12 @@ from acl_fairseq.exit_curve import simulate_exits
 from acl_fairseq.exit_policies import EntropyPolicy, PatiencePolicy, softmax_entropy
 from acl_fairseq.inference_precision import (
     PRECISIONS,
+    Bf16Linear,
     Float32Logits,
     check_precision,
+    cpu_has_vnni,
     model_precision,
+    prepare_exit_heads,
     prepare_for_inference,
     quantized_linears,
 )
@@ -252,3 +255,51 @@ def test_minilm_shape_int8_and_bf16(tmp_path):
                 assert b.logits.dtype == torch.float32
                 scale = float(a.logits.abs().max())
                 assert float((a.logits - b.logits).abs().max()) < 0.1 * scale + 0.02
+
+
+@pytest.mark.parametrize("full_range", [True, False])
+def test_int8_activation_range(trained, inputs, full_range):
+    """8-bit activations (VNNI CPUs) or torch's 7-bit ones: each quantized layer computes
+    exactly FBGEMM's dynamic linear with that ``reduce_range``."""
+    model, _ = trained
+    int8 = prepare_for_inference(copy.deepcopy(model), "int8", int8_full_range=full_range)
+    layer = quantized_linears(int8)["encoder.sentence_encoder.layers.0.fc1"]
+    x = torch.randn(5, 7, 32)
+    packed = layer._packed_params._packed_params
+    expected = torch.ops.quantized.linear_dynamic(x, packed, reduce_range=not full_range)
+    other = torch.ops.quantized.linear_dynamic(x, packed, reduce_range=full_range)
+    assert torch.equal(layer(x), expected)
+    assert not torch.equal(expected, other)  # the two ranges really differ
+
+
+def test_default_activation_range_follows_the_cpu(trained):
+    model, _ = trained
+    int8 = prepare_for_inference(copy.deepcopy(model), "int8")
+    layer = next(iter(quantized_linears(int8).values()))
+    assert getattr(layer, "reduce_range", True) is (not cpu_has_vnni())
+
+
+@pytest.mark.parametrize("dtype", LOW)
+def test_cheap_exit_heads(trained, inputs, dtype):
+    """Only the shallow heads change precision: the final exit's logits are unchanged, the
+    shallow exits' predictions agree with fp32 on >= 98% of the inputs."""
+    model, _ = trained
+    tokens, _ = inputs
+    cheap = prepare_exit_heads(copy.deepcopy(model), dtype)
+    heads = cheap.exit_heads(HEAD)
+    for _, head in heads[:-1]:
+        if dtype == "bf16":
+            assert isinstance(head.dense, Bf16Linear) and head.dense.weight.dtype == torch.bfloat16
+        else:
+            assert head.dense in quantized_linears(cheap).values()
+    assert type(heads[-1][1].dense) is torch.nn.Linear
+    assert len(quantized_linears(cheap)) == (3 if dtype == "int8" else 0)
+    with torch.no_grad():
+        ref = model.exit_outputs(tokens, classification_head_name=HEAD)
+        out = cheap.exit_outputs(tokens, classification_head_name=HEAD)
+        early = cheap.early_exit(tokens[:64], "entropy:0.3")
+    assert torch.equal(ref[-1].logits, out[-1].logits)
+    for a, b in zip(ref[:-1], out[:-1]):
+        assert b.logits.dtype == torch.float32
+        assert float(a.logits.argmax(-1).eq(b.logits.argmax(-1)).float().mean()) >= 0.98
+    assert early.logits.dtype == torch.float32
