@@ -13,7 +13,6 @@ import math
 
 import pytest
 import torch
-from tiny_models import HEAD, build_tiny, random_batch, train_tiny, write_dicts
 
 from acl_fairseq.exit_calibration import (
     _NEVER,
@@ -38,6 +37,8 @@ from acl_fairseq.per_exit_policy import (
     parse_per_exit,
     policy_exit_logits,
 )
+
+from tiny_models import HEAD, build_tiny, random_batch, train_tiny, write_dicts
 
 
 def random_exits(n: int, layers, k: int = 2, seed: int = 0):

@@ -13,14 +13,6 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_models import (
-    HEAD,
-    MINILM_DIMS,
-    build_tiny,
-    random_batch,
-    train_tiny,
-    write_dicts,
-)
 
 from acl_fairseq.exit_curve import simulate_exits
 from acl_fairseq.exit_policies import EntropyPolicy, PatiencePolicy, softmax_entropy
@@ -34,6 +26,15 @@ from acl_fairseq.inference_precision import (
     prepare_exit_heads,
     prepare_for_inference,
     quantized_linears,
+)
+
+from tiny_models import (
+    HEAD,
+    MINILM_DIMS,
+    build_tiny,
+    random_batch,
+    train_tiny,
+    write_dicts,
 )
 
 LOW = ("bf16", "int8")
