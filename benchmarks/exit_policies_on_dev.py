@@ -15,7 +15,8 @@ model *on dev*), each policy family is calibrated on dev and then run, unchanged
 * ``risk-controlled``: the most aggressive single entropy threshold of a fixed grid whose
   disagreement with the full model is certified at most the target with probability
   ``1 - --delta`` (``exit_risk_control``; Learn-then-Test's fixed-sequence testing with
-  Clopper-Pearson bounds, as CALM does for consistency);
+  exact binomial tails, as CALM does for consistency); ``risk-controlled per-exit``: per-exit
+  thresholds calibrated on one half of dev at growing targets, certified on the other half;
 * ``oracle-final``: the earliest exit that agrees with the final exit (computed on each split:
   a bound, not a policy).
 
@@ -48,7 +49,7 @@ from acl_fairseq.exit_calibration import (
 )
 from acl_fairseq.exit_curve import TargetError, oracle_exits
 from acl_fairseq.exit_policies import ExitPolicy, PatiencePolicy
-from acl_fairseq.exit_risk_control import risk_controlled_single
+from acl_fairseq.exit_risk_control import risk_controlled_per_exit, risk_controlled_single
 from acl_fairseq.inference_precision import PRECISIONS, prepare_for_inference
 
 HEAD = "sentence_classification_head"
@@ -96,6 +97,12 @@ def policies_on_dev(
     ]
     risk = risk_controlled_single(dev, drop / 100.0, delta, "entropy")
     chosen.append((f"risk-controlled entropy (delta {delta:g})", risk.policy))
+    halves = risk_controlled_per_exit(
+        dev, dev_targets, drop / 100.0, delta, drops=tuple(0.5 * i for i in range(11))
+    )
+    chosen.append(
+        (f"risk-controlled per-exit entropy (delta {delta:g}, dev halves)", halves.policy)
+    )
     return chosen
 
 
