@@ -278,7 +278,7 @@ def prepare_for_inference(model: Any, dtype: str, int8_full_range: bool | None =
     return model
 
 
-def prepare_exit_heads(model: Any, dtype: str, head_name: str = "sentence_classification_head"):
+def prepare_exit_heads(model: Any, dtype: str, head_name: str | None = None):
     """Only the *shallow* exit heads of ``head_name`` at ``dtype``: their ``dense`` in bf16
     (``Bf16Linear``) or int8, their ``out_proj`` float32; the encoder and the final head keep
     their precision (so full-depth predictions do not change). For a float32 multi-exit model
@@ -290,7 +290,7 @@ def prepare_exit_heads(model: Any, dtype: str, head_name: str = "sentence_classi
     model.eval()
     if dtype == "fp32":
         return model
-    shallow = model.exit_heads(head_name)[:-1]
+    shallow = (model.exit_heads(head_name) if head_name else model.exit_heads())[:-1]
     prefix = {id(m): n for n, m in model.named_modules()}
     if dtype == "bf16":
         for _layer, head in shallow:

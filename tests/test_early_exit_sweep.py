@@ -4,8 +4,11 @@ trained by ``fairseq-train``."""
 from __future__ import annotations
 
 import csv
+import io
+import json
 import math
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,7 @@ from acl_fairseq.early_exit.thresholds import (
     quantile_thresholds,
     simulate_exits,
 )
-from acl_fairseq.models.types import EarlyExitResult
+from acl_fairseq.models.types import EarlyExitResult, ExitOutput
 
 from fairseq_helpers import BIN, TINY_MULTI_EXIT, fairseq_train, run, train_args
 
@@ -54,13 +57,26 @@ class FakeMultiExit(torch.nn.Module):
         logits[confident, tokens[confident, 1]] = 20.0
         return logits
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = {"forward": 0, "early_exit": 0, "exit_outputs": 0}
+
     def forward(self, tokens: torch.Tensor, classification_head_name: str = HEAD):
+        self.calls["forward"] += 1
         time.sleep(self.LAYER_S * self.num_layers)
         return self._logits(tokens, self.num_layers), {}
+
+    def exit_outputs(self, tokens: torch.Tensor, classification_head_name: str = HEAD):
+        self.calls["exit_outputs"] += 1
+        time.sleep(self.LAYER_S * self.num_layers)
+        return [
+            ExitOutput(layer, self._logits(tokens, layer), None, None) for layer in (1, 2, 3, 4)
+        ]
 
     def early_exit(
         self, tokens: torch.Tensor, policy: ExitPolicy, classification_head_name: str = HEAD
     ) -> EarlyExitResult:
+        self.calls["early_exit"] += 1
         bsz = tokens.size(0)
         state = policy.init_state(bsz)
         exit_layers = torch.zeros(bsz, dtype=torch.long)
@@ -103,8 +119,10 @@ def one_thread():
 def test_sweep_table_maths_on_fake_model(tmp_path: Path, one_thread) -> None:
     batches, rows = _fake_batches()
     exit_at, label, target = rows.unbind(1)
-    table = sweep(FakeMultiExit(), batches, "entropy", [0.0, 0.5, math.inf], repeats=3)
+    policies = [make_policy("entropy", t) for t in (0.0, 0.5, math.inf)]
+    table = sweep(FakeMultiExit(), batches, policies, repeats=3)
     assert [r["policy"] for r in table] == ["none", "entropy", "entropy", "entropy"]
+    assert {r["dtype"] for r in table} == {"fp32"}
     assert all(r["batch_size"] == 8 and r["examples"] == 24 for r in table)
     full, never, half, always = table
     final_acc = 100.0 * float(label.eq(target).float().mean())
@@ -123,6 +141,8 @@ def test_sweep_table_maths_on_fake_model(tmp_path: Path, one_thread) -> None:
     first_pred = torch.where(exit_at.eq(1), label, torch.zeros_like(label))
     assert always["mean_exit_layer"] == 1 and always["layer_speedup"] == 4
     assert always["accuracy"] == pytest.approx(100.0 * float(first_pred.eq(target).float().mean()))
+    assert always["agreement"] == pytest.approx(100.0 * float(first_pred.eq(label).float().mean()))
+    assert full["agreement"] == never["agreement"] == half["agreement"] == 100.0
     for row in table[1:]:
         # the table's derived columns are consistent (wall-clock values themselves are not
         # asserted: the machine is shared and noisy; benchmarks/ measures them)
@@ -140,7 +160,8 @@ def test_sweep_table_maths_on_fake_model(tmp_path: Path, one_thread) -> None:
     assert written[0]["threshold"] == "" and written[3]["threshold"] == "inf"
     assert float(written[2]["layer_speedup"]) == pytest.approx(half["layer_speedup"], rel=1e-5)
     markdown = format_markdown(table).splitlines()
-    assert len(markdown) == 2 + 4 and markdown[0].startswith("| batch | policy | threshold |")
+    assert len(markdown) == 2 + 4
+    assert markdown[0].startswith("| dtype | batch | policy | threshold | accuracy % |")
 
 
 def test_simulate_exits() -> None:
@@ -203,14 +224,39 @@ def test_missing_split_and_checkpoint_name_the_sweeps_flags(tmp_path, capsys) ->
     assert "--checkpoint ckpt.pt: no such file" in capsys.readouterr().err
 
 
-def test_sweep_reports_progress_per_configuration(one_thread) -> None:
+def test_sweep_reuses_one_pass_and_times_only_the_loop(one_thread) -> None:
+    """One exit_outputs pass gives every policy's statistics (equal to running the loop);
+    the loop and the full forward run only for timing: one warm-up call on the first batch,
+    then every batch once per round."""
     batches, _ = _fake_batches()
+    policies = [make_policy("entropy", 0.5), make_policy("patience", 1)]
+    model = FakeMultiExit()
+    untimed = sweep(model, batches, policies, repeats=0)
+    assert model.calls == {"forward": 0, "early_exit": 0, "exit_outputs": len(batches)}
+    assert all(r["wall_speedup"] is None and r["early_ms"] is None for r in untimed)
+    for policy, row in zip(policies, untimed[1:]):  # simulated = the loop's own results
+        results = [model.early_exit(t, policy) for t, _ in batches]
+        target = torch.cat([t for _, t in batches])
+        layers = torch.cat([r.exit_layers for r in results]).double()
+        correct = torch.cat([r.predictions for r in results]).eq(target).double()
+        assert row["mean_exit_layer"] == pytest.approx(float(layers.mean()))
+        assert row["accuracy"] == pytest.approx(100.0 * float(correct.mean()))
+
+    model = FakeMultiExit()
     lines: list[str] = []
-    sweep(FakeMultiExit(), batches, "entropy", [0.0, 0.5], repeats=2, progress=lines.append)
-    assert len(lines) == 1 + 2 + 2  # full depth, each threshold, each timed round
-    assert lines[0].startswith("batch ") and "full depth: accuracy" in lines[0]
-    assert "entropy 0.5 (2/2): accuracy" in lines[2] and "mean exit layer" in lines[2]
-    assert "timed round 2/2 [" in lines[4]
+    timed = sweep(model, batches, policies, repeats=2, progress=lines.append)
+    rounds, warmup = 2 * len(batches), 1
+    assert model.calls == {
+        "forward": warmup + rounds,
+        "early_exit": len(policies) * (warmup + rounds),
+        "exit_outputs": len(batches),
+    }
+    assert [r["accuracy"] for r in timed] == [r["accuracy"] for r in untimed]
+    assert len(lines) == 2 and lines[1].startswith("fp32, batch 8: timed round 2/2 [")
+    model = FakeMultiExit()
+    given = collect_exits(model, batches, HEAD)
+    sweep(model, batches, policies, repeats=0, exits=given)
+    assert model.calls["exit_outputs"] == len(batches)  # the pass given is not repeated
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -305,6 +351,63 @@ def test_sweep_on_trained_checkpoint(
             assert torch.equal(preds, result.predictions), kind
 
 
+@pytest.mark.slow
+def test_sweep_per_exit_kind_at_two_precisions(sentiment_data: Path, tmp_path: Path) -> None:
+    """--policy per_exit_entropy --dtypes fp32,int8 --repeats 0: per precision, the full model
+    and the policies calibrated at each --drops target, from one pass each; no timing."""
+    fairseq_train(sentiment_data, tmp_path / "ckpt", *TRAIN)
+    ckpt = tmp_path / "ckpt" / "checkpoint_last.pt"
+    out = run(
+        [
+            str(BIN / "acl-fairseq-sweep"), str(ckpt), str(sentiment_data),
+            "--policy", "per_exit_entropy", "--drops", "0,5,100", "--dtypes", "fp32,int8",
+            "--batch-sizes", "1,16", "--max-examples", "40", "--repeats", "0", "--cpu",
+            "--out", str(tmp_path / "sweep.csv"),
+        ]
+    )  # fmt: skip
+    assert "no timing (--repeats 0)" in out and "full depth at int8: accuracy" in out
+    rows = [r for r in _read(tmp_path / "sweep.csv", ",") if not r["policy"].startswith("oracle")]
+    assert [r["dtype"] for r in rows][0] == "fp32" and {r["dtype"] for r in rows} == {
+        "fp32",
+        "int8",
+    }
+    assert all(r["wall_speedup"] == "" for r in rows)
+    model, task, _ = load_for_inference(ckpt, sentiment_data, multi_exit=True)
+    exits, targets = collect_exits(model, load_batches(task, "valid", 1, 40), HEAD)
+    fp32 = [r for r in rows if r["dtype"] == "fp32" and r["batch_size"] == "1"]
+    assert fp32[0]["policy"] == "none" and {r["policy"] for r in fp32[1:]} == {"per_exit_entropy"}
+    for r in fp32[1:]:  # each row's policy reads back and gives its row on the split
+        policy = make_policy(r["policy"], r["threshold"])
+        layers, preds = simulate_exits(exits, policy)
+        assert float(r["mean_exit_layer"]) == pytest.approx(float(layers.double().mean()), abs=1e-4)
+        assert float(r["accuracy"]) == pytest.approx(
+            100.0 * float(preds.eq(targets).double().mean()), abs=1e-3
+        )
+    assert float(fp32[-1]["mean_exit_layer"]) == 1.0  # the 100-point target: all at exit 1
+
+
+@pytest.mark.slow
+def test_sweep_on_a_stage1_checkpoint_is_an_early_error(sentiment_data: Path, tmp_path: Path):
+    """A checkpoint with only its final exit (stage 1, --exit-layers none): an error naming it
+    and the stage to train, before any sweep (not a no-op entropy:0.0 policy)."""
+    fairseq_train(
+        sentiment_data, tmp_path / "stage1", "--exit-layers", "none",
+        *train_args(TINY_MULTI_EXIT, criterion="sentence_prediction", max_update=1,
+                    no_epoch_checkpoints=True),
+    )  # fmt: skip
+    ckpt = tmp_path / "stage1" / "checkpoint_last.pt"
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = sweep_main([str(ckpt), str(sentiment_data), "--max-accuracy-drop", "1", "--cpu"])
+    assert code == 2 and out.getvalue() == ""
+    assert (
+        f"acl-fairseq-sweep: error: {ckpt} has no shallow exit (a stage-1 checkpoint, trained "
+        "with --exit-layers none): early exit needs the multi-exit stage 2: fairseq-train "
+        "--arch multi_exit_roberta* --criterion acl_cross_layer --restore-file"
+    ) in err.getvalue()
+    assert not (tmp_path / "stage1" / "early_exit_policy.json").exists()
+
+
 # ----------------------------------------------------------------------------- whole curve
 
 
@@ -384,8 +487,11 @@ def test_choose_row_for_a_target() -> None:
     with pytest.raises(TargetError, match=r"--target-speedup 5: .* largest .* 4\.00"):
         choose_row(TABLE, target_speedup=5.0)
     worse = [TABLE[0], _row("entropy", 0.5, 85.0, 3.0)]
-    with pytest.raises(TargetError, match=r"--max-accuracy-drop 1: .* smallest drop .* 5\.00"):
+    with pytest.raises(TargetError, match=r"--max-accuracy-drop 1 .* smallest drop .* 5\.00"):
         choose_row(worse, max_accuracy_drop=1.0)
+    agreeing = [{**r, "agreement": a} for r, a in zip(TABLE, (100, 99.8, 98.5, 99.5, 80, 100))]
+    assert choose_row(agreeing, max_accuracy_drop=0.5, constraint="agreement")["threshold"] == 0.3
+    assert choose_row(agreeing, target_speedup=1.1, constraint="agreement")["threshold"] == 0.1
     with pytest.raises(ValueError, match="exactly one of --max-accuracy-drop and --target"):
         choose_row(TABLE, max_accuracy_drop=1.0, target_speedup=2.0)
 
@@ -399,7 +505,21 @@ def test_sweep_target_flag_errors(tmp_path: Path, capsys) -> None:
         (["--max-accuracy-drop", "-1"], "--max-accuracy-drop must be >= 0"),
         (["--target-speedup", "0.5"], "--target-speedup must be >= 1"),
         (["--thresholds", "quantiles:0"], "quantiles:N with an integer N >= 1"),
-    ]:
+        (["--risk-control", "0.1"], "--risk-control needs --max-accuracy-drop D"),
+        (["--max-accuracy-drop", "1", "--risk-control", "0.1", "--constraint", "accuracy"],
+         "--risk-control certifies the agreement with the full model: drop --constraint"),
+        (["--max-accuracy-drop", "1", "--risk-control", "1.5"], "DELTA must be in (0, 1)"),
+        (["--target-speedup", "2", "--risk-control", "0.1"],
+         "--risk-control certifies a disagreement rate: give --max-accuracy-drop D"),
+        (["--patience", "2"], "--patience: beside a per-exit policy's thresholds"),
+        (["--drops", "0,1"], "--drops: the rows of a calibrated policy (per_exit_*)"),
+        (["--policy", "per_exit_entropy", "--thresholds", "0.1"],
+         "--thresholds: --policy per_exit_entropy is calibrated on the split, not swept"),
+        (["--dtypes", "fp32,fp16"], "argument --dtypes: must be one of fp32, bf16, int8"),
+        (["--dtypes", "int8,int8"], "argument --dtypes: expected distinct precisions"),
+        (["--repeats", "-1"], "--repeats must be >= 0"),
+        (["--head-cost", "-1", "--max-accuracy-drop", "1"], "--head-cost must be >= 0"),
+    ]:  # fmt: skip
         with pytest.raises(SystemExit) as e:
             sweep_main([str(ckpt), str(data), *flags])
         assert e.value.code == 2
@@ -426,6 +546,51 @@ def test_policy_file_round_trip_and_errors(tmp_path: Path) -> None:
         read_policy(ckpt)
 
 
+def test_policy_file_with_precisions_round_trips(tmp_path: Path) -> None:
+    """What predict needs to reproduce the choice: the kind and thresholds (the per-exit
+    spec, its skip list), the precision, every precision's policy, how it was chosen."""
+    from acl_fairseq.early_exit.saved_policy import POLICY_FILE, read_policy, write_policy
+
+    ckpt = tmp_path / "checkpoint_best.pt"
+    ckpt.write_bytes(b"")
+    int8 = make_policy("per_exit_entropy", "1=0.05,3=0.25;patience=2")
+    fp32 = make_policy("per_exit_maxprob", "2=0.95")
+    chosen_by = {"target": {"max_accuracy_drop": 1.0}, "constraint": "agreement",
+                 "head_cost": 0.03, "split": "valid", "examples": 600}  # fmt: skip
+    write_policy(
+        ckpt, int8, dtype="int8", chosen_by=chosen_by, exits=[1, 3], accuracy=90.5,
+        by_dtype={"int8": {"policy": int8, "exits": [1, 3], "accuracy": 90.5},
+                  "fp32": {"policy": fp32, "exits": [2], "accuracy": 91.0}},
+    )  # fmt: skip
+    record = json.loads((tmp_path / POLICY_FILE).read_text())
+    assert record["policy"] == "per_exit_entropy:1=0.05,3=0.25;patience=2"
+    assert record["by_dtype"]["fp32"] == {"policy": "per_exit_maxprob:2=0.95", "exits": [2],
+                                          "accuracy": 91.0}  # fmt: skip
+    saved = read_policy(ckpt)
+    assert saved.policy == int8 and saved.dtype == "int8"
+    assert saved.by_dtype == {"int8": int8, "fp32": fp32}
+    assert saved.fields["chosen_by"] == chosen_by and saved.fields["exits"] == [1, 3]
+    assert saved.for_dtype("fp32") == fp32 and saved.for_dtype("bf16") is None
+    assert saved.policy_at("int8") == (int8, "")
+    policy, note = saved.policy_at("bf16")
+    assert policy == int8 and "chosen at int8, none for bf16" in note
+    assert "--dtypes bf16" in note
+    assert saved.describe().startswith("dtype int8, target {'max_accuracy_drop': 1.0}, ")
+    # a file without a precision is fp32 (older files)
+    write_policy(ckpt, EntropyPolicy(0.2))
+    assert read_policy(ckpt).dtype == "fp32" and read_policy(ckpt).for_dtype("fp32")
+    for record, message in [
+        ({"policy": "entropy:0.2", "dtype": "fp16"}, "--dtype must be one of fp32, bf16, int8"),
+        ({"policy": "entropy:0.2", "by_dtype": {"int8": {"policy": "per_exit_entropy:2=x"}}},
+         "bad exit policy 'per_exit_entropy:2=x'"),
+        ({"policy": "entropy:0.2", "by_dtype": {"int8": "entropy:0.1"}},
+         "'by_dtype' must map each dtype to an entry with a 'policy'"),
+    ]:  # fmt: skip
+        (tmp_path / POLICY_FILE).write_text(json.dumps(record))
+        with pytest.raises(ValueError, match=f"{POLICY_FILE}: {message}"):
+            read_policy(ckpt)
+
+
 def test_early_exit_sweep_tables_are_readable(tmp_path):
     """The table acl-fairseq-sweep writes (TSV and CSV) is what acl-fairseq-plots reads."""
 
@@ -450,3 +615,14 @@ def test_early_exit_sweep_tables_are_readable(tmp_path):
         assert [r["policy"] for r in rows] == ["none", "entropy"]
         assert rows[1]["wall_speedup"] == pytest.approx(1.33)
         assert rows[1]["layer_speedup"] == pytest.approx(6 / 3.5, rel=1e-5)
+        assert rows[1]["dtype"] == "fp32" and math.isnan(rows[1]["agreement"])
+    per_exit = {**row, "dtype": "int8", "policy": "per_exit_entropy", "threshold": "1=0.1,3=0.2",
+                "agreement": 99.5}  # fmt: skip
+    write_table([full, per_exit], tmp_path / "dtypes.tsv")
+    rows = read_sweep(tmp_path / "dtypes.tsv")
+    assert [r["dtype"] for r in rows] == ["fp32", "int8"]
+    assert rows[1]["threshold"] == "1=0.1,3=0.2" and rows[1]["agreement"] == 99.5
+    old = tmp_path / "old.tsv"  # a table written before the dtype and agreement columns
+    old.write_text("batch_size\tpolicy\tthreshold\taccuracy\tmean_exit_layer\tlayer_speedup\n"
+                   "1\tnone\t\t80\t6\t1\n")  # fmt: skip
+    assert read_sweep(old)[0]["dtype"] == "fp32"

@@ -10,35 +10,41 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
 
-from acl_fairseq.exit_calibration import (
-    _NEVER,
-    _max_errors,
-    _Split,
+from acl_fairseq.early_exit.calibrate import (
+    best_patience,
     best_single_threshold,
     calibrate_per_exit,
     evaluate,
 )
-from acl_fairseq.exit_curve import TargetError, simulate_exits
-from acl_fairseq.exit_policies import EntropyPolicy, PatiencePolicy, softmax_entropy
-from acl_fairseq.exit_risk_control import (
+from acl_fairseq.early_exit.calibration_search import NEVER, Split, error_budget
+from acl_fairseq.early_exit.per_exit import (
+    PerExitEntropyPolicy,
+    PerExitMaxProbPolicy,
+    PerExitPolicy,
+    per_exit_policy,
+)
+from acl_fairseq.early_exit.policies import (
+    EntropyPolicy,
+    PatiencePolicy,
+    parse_policy,
+    softmax_entropy,
+)
+from acl_fairseq.early_exit.risk_control import (
     binomial_cdf,
     risk_controlled,
+    risk_controlled_kind,
     risk_controlled_per_exit,
     risk_controlled_single,
     single_grid,
 )
-from acl_fairseq.per_exit_policy import (
-    PerExitPolicy,
-    only_policy_exits,
-    parse_per_exit,
-    policy_exit_logits,
-)
+from acl_fairseq.early_exit.thresholds import TargetError, simulate_exits
 
-from tiny_models import HEAD, build_tiny, random_batch, train_tiny, write_dicts
+from tiny_models import HEAD, build_with_task, random_batch, train_tiny, write_dicts
 
 
 def random_exits(n: int, layers, k: int = 2, seed: int = 0):
@@ -77,14 +83,15 @@ def two_class(entropies, right, label: int = 0) -> torch.Tensor:
 def naive_exit(policy: PerExitPolicy, exit_logits, row: int) -> tuple[int, int]:
     """One example through the policy, by the definitions, in float64 Python."""
     counter, prev = 0, -1
-    used = policy_exit_logits(exit_logits, policy)
+    used = [(layer, x) for layer, x in exit_logits[:-1] if layer in policy.layers]
+    used.append(exit_logits[-1])
     for step, (layer, logits) in enumerate(used[:-1]):
         values = [float(v) for v in logits[row].double()]
         top = max(values)
         exps = [math.exp(v - top) for v in values]
         probs = [e / sum(exps) for e in exps]
         pred = max(range(len(values)), key=values.__getitem__)
-        if policy.kind == "entropy":
+        if policy.single.kind == "entropy":
             leaves = -sum(p * math.log(p) for p in probs if p > 0) < policy.thresholds[step]
         else:
             leaves = max(probs) >= policy.thresholds[step]
@@ -100,93 +107,93 @@ def naive_exit(policy: PerExitPolicy, exit_logits, row: int) -> tuple[int, int]:
 
 
 def test_spec_round_trip_and_errors():
-    policy = PerExitPolicy("entropy", (2, 3, 5), (0.12, 0.3, math.inf), patience=2)
-    assert parse_per_exit(policy.spec()) == policy
-    assert policy.spec() == "per_exit_entropy:2=0.12,3=0.3,5=inf;patience=2"
-    maxprob = parse_per_exit("per_exit_maxprob:1=0.99, 4=0.9")
-    assert maxprob == PerExitPolicy("maxprob", (1, 4), (0.99, 0.9))
-    assert parse_per_exit("per_exit_entropy:none").never_exits(5)
+    policy = per_exit_policy("entropy", (2, 3, 5), (0.12, 0.3, math.inf), patience=2)
+    assert isinstance(policy, PerExitEntropyPolicy)
+    assert parse_policy(policy.spec) == policy
+    assert policy.spec == "per_exit_entropy:2=0.12,3=0.3,5=inf;patience=2"
+    maxprob = parse_policy("per_exit_maxprob:1=0.99, 4=0.9")
+    assert maxprob == PerExitMaxProbPolicy((1, 4), (0.99, 0.9))
+    assert parse_policy("per_exit_entropy:none").never_exits(5)
     for bad, message in [
-        ("per_exit_foo:1=0.1", "expected per_exit_entropy"),
-        ("per_exit_entropy:1=x", "not LAYER=THRESHOLD"),
-        ("per_exit_entropy:1=0.1;speed=2", "unknown option"),
+        ("per_exit_foo:1=0.1", "unknown exit policy 'per_exit_foo'"),
+        ("per_exit_entropy:1=x", "per_exit_entropy must be LAYER=THRESHOLD pairs"),
+        ("per_exit_entropy:1=0.1;speed=2", "unknown option 'speed=2'"),
         ("per_exit_entropy:2=0.1,1=0.2", "layers must increase"),
-        ("per_exit_entropy:1=-0.1", "must be >= 0"),
-        ("per_exit_entropy:1=0.1;patience=-1", "patience must be >= 0"),
+        ("per_exit_entropy:1=-0.1", "entropy threshold must be a number >= 0"),
+        ("per_exit_maxprob:1=1.5", "maxprob threshold must be a number in \\[0, 1\\]"),
+        ("per_exit_entropy:1=0.1;patience=-1", "patience must be an integer >= 0"),
     ]:
-        with pytest.raises(ValueError, match=message):
-            parse_per_exit(bad)
-    with pytest.raises(ValueError, match="at layers \\[4\\], where the model has no"):
-        maxprob.check_exits((1, 2, 3))
+        with pytest.raises(ValueError, match=f"bad exit policy '{re.escape(bad)}': .*{message}"):
+            parse_policy(bad)
+    assert maxprob.exits((1, 2, 3, 4, 5)) == (1, 4)
+    with pytest.raises(ValueError, match="at layer\\(s\\) \\[4\\], where the model has no"):
+        maxprob.exits((1, 2, 3))
+    assert PerExitEntropyPolicy.calibrated and PerExitEntropyPolicy.default_grid(2, 5) == []
 
 
 def test_never_exits():
-    assert PerExitPolicy("entropy", (1, 2), (0.0, 0.0)).never_exits(2)
-    assert not PerExitPolicy("entropy", (1, 2), (0.0, 0.1)).never_exits(2)
-    assert PerExitPolicy("maxprob", (1,), (1.5,)).never_exits(3)
-    assert PerExitPolicy("entropy", (1, 2), (0.0, 0.0), patience=2).never_exits(2)
-    assert not PerExitPolicy("entropy", (1, 2), (0.0, 0.0), patience=1).never_exits(2)
+    assert per_exit_policy("entropy", (1, 2), (0.0, 0.0)).never_exits(2)
+    assert not per_exit_policy("entropy", (1, 2), (0.0, 0.1)).never_exits(2)
+    assert per_exit_policy("maxprob", (1,), (1.0,)).never_exits(3) is False  # p >= 1 can pass
+    assert per_exit_policy("entropy", (1, 2), (0.0, 0.0), patience=2).never_exits(2)
+    assert not per_exit_policy("entropy", (1, 2), (0.0, 0.0), patience=1).never_exits(2)
 
 
 @pytest.mark.parametrize("patience", [None, 1])
 @pytest.mark.parametrize("kind", ["entropy", "maxprob"])
-def test_simulation_equals_naive_loop_and_decide_row(kind, patience):
+def test_simulation_equals_naive_loop(kind, patience):
     exits, _ = random_exits(300, [1, 2, 3, 4, 5], k=3, seed=4)
     thresholds = (0.5, 0.8, 0.3) if kind == "entropy" else (0.8, 0.7, 0.9)
-    policy = PerExitPolicy(kind, (1, 3, 4), thresholds, patience)
-    layers, preds = simulate_exits(policy_exit_logits(exits, policy), policy)
-    assert len(set(layers.tolist())) >= 3  # not vacuous
-    used = policy_exit_logits(exits, policy)
+    policy = per_exit_policy(kind, (1, 3, 4), thresholds, patience)
+    layers, preds = simulate_exits(exits, policy)
+    assert len(set(layers.tolist())) >= 3 and 2 not in set(layers.tolist())  # exit 2 skipped
     for row in range(300):
         assert (layers[row].item(), preds[row].item()) == naive_exit(policy, exits, row), row
-        state = policy.init_row_state()
-        layer = used[-1][0]
-        for lay, logits in used[:-1]:
-            leaves, state = policy.decide_row(logits[row : row + 1], state)
-            if leaves:
-                layer = lay
-                break
-        assert layer == layers[row].item(), row
 
 
 def test_too_many_exits_is_an_error():
-    policy = PerExitPolicy("entropy", (1,), (0.1,))
+    policy = per_exit_policy("entropy", (1,), (0.1,))
     state = policy.init_state(2)
     _, state = policy.decide(torch.zeros(2, 2), state)
-    with pytest.raises(ValueError, match="has 1 exits but was asked to decide at more"):
+    with pytest.raises(ValueError, match="has 1 exit\\(s\\) but was asked to decide at more"):
         policy.decide(torch.zeros(2, 2), state)
-    with pytest.raises(ValueError, match="has 1 exits"):
-        policy.decide_row(torch.zeros(1, 2), (1, None))
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    model, task = build_tiny(write_dicts(tmp_path_factory.mktemp("calibration")))
+    model, task = build_with_task(write_dicts(tmp_path_factory.mktemp("calibration")))
     return train_tiny(model, task, steps=40), task
 
 
-def test_batched_loop_with_only_policy_exits_equals_simulation(trained):
-    """The model's early_exit, evaluating only the policy's exits, takes the decisions of the
-    one-pass simulation and of each row alone."""
+@pytest.mark.parametrize("patience", [None, 1])
+def test_batched_loop_equals_simulation_and_skips_exits(trained, patience):
+    """The model's early_exit with a per-exit policy evaluates only the policy's exits (the
+    skipped head never runs) and takes the decisions of the one-pass simulation and of each
+    row alone."""
     model, task = trained
     tokens, labels = random_batch(task, 96, seed=7)
-    with torch.no_grad():
-        exits = [
-            (o.layer, o.logits) for o in model.exit_outputs(tokens, classification_head_name=HEAD)
-        ]
-        t1 = float(softmax_entropy(exits[0][1]).quantile(0.3))
-        t3 = float(softmax_entropy(exits[2][1]).quantile(0.5))
-        policy = PerExitPolicy("entropy", (1, 3), (t1, t3))
-        layers, preds = simulate_exits(policy_exit_logits(exits, policy), policy)
-        assert set(layers.tolist()) == {1, 3, 4}  # not vacuous
-        with only_policy_exits(model, policy):
-            assert model.shallow_exit_layers == (1, 3)
+    calls = []
+    skipped = model.classification_heads[f"{HEAD}_exit2"]
+    hook = skipped.dense.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with torch.no_grad():
+            exits = [(o.layer, o.logits) for o in model.exit_outputs(tokens)]
+            calls.clear()
+            t1 = float(softmax_entropy(exits[0][1]).quantile(0.3))
+            t3 = float(softmax_entropy(exits[2][1]).quantile(0.5))
+            policy = per_exit_policy("entropy", (1, 3), (t1, t3), patience)
+            layers, preds = simulate_exits(exits, policy)
+            assert {1, 3, 4} <= set(layers.tolist()) and 2 not in set(layers.tolist())
             result = model.early_exit(tokens, policy)
             alone = [model.early_exit(r[r.ne(1)].unsqueeze(0), policy) for r in tokens[:24]]
-        assert model.shallow_exit_layers == (1, 2, 3)
+    finally:
+        hook.remove()
+    assert calls == []  # exit 2's head never ran
     assert torch.equal(result.exit_layers, layers)
     assert torch.equal(result.predictions, preds)
     assert [int(r.exit_layers) for r in alone] == layers[:24].tolist()
+    with pytest.raises(ValueError, match="where the model has no shallow exit"):
+        model.early_exit(tokens, per_exit_policy("entropy", (5,), (0.1,)))
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -194,10 +201,10 @@ def test_batched_loop_with_only_policy_exits_equals_simulation(trained):
 
 def brute_force(exits, labels, drop: float, kind: str = "entropy") -> float:
     """The least total exit layer over every combination of cuts within the target."""
-    split = _Split(exits, labels, kind, None)
-    max_errors = _max_errors(split, drop)
+    split = Split(exits, labels, kind, None)
+    max_errors = error_budget(split, drop)
     best = math.inf
-    for cuts in itertools.product(*[range(_NEVER, len(v)) for v in split.values]):
+    for cuts in itertools.product(*[range(NEVER, len(v)) for v in split.values]):
         cost, err = split.run(list(cuts), [True] * split.num_shallow, 0.0)
         if err.sum() <= max_errors + 1e-9:
             best = min(best, float(cost.sum()))
@@ -287,6 +294,26 @@ def test_head_cost_drops_exits_that_do_not_pay():
     assert paid.cost < evaluate(exits, labels, free.policy, head_cost=0.2).cost
 
 
+@pytest.mark.parametrize("constraint", ["accuracy", "agreement"])
+def test_best_patience_is_the_fastest_within_the_target(constraint):
+    exits, labels = random_exits(300, [1, 2, 3, 4, 5, 6], k=2, seed=8)
+    final = exits[-1][1].argmax(-1)
+    full = 100.0 * float(final.eq(labels).double().mean())
+    for drop in (0.0, 2.0, 10.0):
+        chosen = best_patience(exits, labels, drop, constraint=constraint)
+        best = 5
+        for p in range(5):
+            _, preds = simulate_exits(exits, PatiencePolicy(p))
+            if constraint == "accuracy":
+                ok = 100.0 * float(preds.eq(labels).double().mean()) >= full - drop - 1e-9
+            else:
+                ok = 100.0 * float(preds.eq(final).double().mean()) >= 100.0 - drop - 1e-9
+            if ok:
+                best = min(best, p)
+        assert chosen.policy == PatiencePolicy(best), (drop, chosen)
+        assert chosen.agreement == pytest.approx(evaluate(exits, labels, chosen.policy).agreement)
+
+
 def test_patience_calibration_and_unreachable_target():
     exits, labels = random_exits(300, [1, 2, 3, 4, 5, 6], k=2, seed=3)
     alone = evaluate(exits, labels, PatiencePolicy(3))
@@ -327,9 +354,16 @@ def test_risk_control_fixed_sequence():
     assert risk_controlled_single(exits, 0.05, 0.1, steps=50) == result
     strict = risk_controlled(exits, family, 1e-4, 0.1)  # nothing can be certified
     assert strict.passed == 0 and strict.policy == EntropyPolicy(0.0)
-    halves = risk_controlled_per_exit(exits, labels, 0.05, 0.1, drops=(0.0, 1.0, 3.0))
+    halves = risk_controlled_per_exit(exits, 0.05, 0.1, drops=(0.0, 1.0, 3.0))
     assert halves.examples == 300 and halves.disagreement <= 0.05
     assert isinstance(halves.policy, (PerExitPolicy, EntropyPolicy))
+    assert risk_controlled_kind("entropy", exits, 0.05, 0.1) == risk_controlled_single(
+        exits, 0.05, 0.1
+    )
+    patience = risk_controlled_kind("patience", exits, 0.05, 0.1)
+    _, preds = simulate_exits(exits, patience.policy)
+    assert isinstance(patience.policy, PatiencePolicy)
+    assert binomial_cdf(int(preds.ne(final).sum()), 600, 0.05) <= 0.1
 
 
 def test_maxprob_policy_thresholds_are_exact():
@@ -340,5 +374,5 @@ def test_maxprob_policy_thresholds_are_exact():
     labels = torch.tensor([0, 0, 0, 1])
     for kind in ("entropy", "maxprob"):
         cal = calibrate_per_exit(exits, labels, 0.0, kind)
-        layers, _ = simulate_exits(policy_exit_logits(exits, cal.policy), cal.policy)
+        layers, _ = simulate_exits(exits, cal.policy)
         assert layers.tolist()[:3] == [1, 1, 1] and layers[3] == 2, (kind, cal.policy)

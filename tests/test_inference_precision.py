@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from acl_fairseq.exit_curve import simulate_exits
-from acl_fairseq.exit_policies import EntropyPolicy, PatiencePolicy, softmax_entropy
+from acl_fairseq.early_exit.policies import EntropyPolicy, PatiencePolicy, softmax_entropy
+from acl_fairseq.early_exit.thresholds import simulate_exits
 from acl_fairseq.inference_precision import (
     PRECISIONS,
     Bf16Linear,
@@ -31,7 +31,7 @@ from acl_fairseq.inference_precision import (
 from tiny_models import (
     HEAD,
     MINILM_DIMS,
-    build_tiny,
+    build_with_task,
     random_batch,
     train_tiny,
     write_dicts,
@@ -48,7 +48,7 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(data_dir):
     """(fp32 model, task): the tiny multi-exit model after a few seconds of training."""
-    model, task = build_tiny(data_dir)
+    model, task = build_with_task(data_dir)
     return train_tiny(model, task), task
 
 
@@ -220,7 +220,7 @@ def test_early_exit_at_each_precision(prepared, inputs, dtype):
 
 
 def test_plain_roberta_and_errors(data_dir, trained):
-    plain, _ = build_tiny(data_dir, arch="roberta")
+    plain, _ = build_with_task(data_dir, arch="roberta")
     plain.register_classification_head(HEAD, num_classes=3)
     tokens = torch.tensor([[0, 5, 6, 7, 2]])
     with torch.no_grad():
@@ -243,7 +243,7 @@ def test_plain_roberta_and_errors(data_dir, trained):
 def test_minilm_shape_int8_and_bf16(tmp_path):
     """At MiniLM-L6's shape (6 x 384, 12 heads, FFN 1536): the 6 x 6 + 6 quantized layers
     run, and both precisions give float32 logits close to fp32 (random weights)."""
-    model, task = build_tiny(write_dicts(tmp_path), dims=MINILM_DIMS)
+    model, task = build_with_task(write_dicts(tmp_path), dims=MINILM_DIMS)
     tokens, _ = random_batch(task, 8, seed=3)
     with torch.no_grad():
         ref = model.exit_outputs(tokens, classification_head_name=HEAD)

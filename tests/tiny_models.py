@@ -14,7 +14,6 @@ confident and deterministic functions of the input, as a fine-tuned model's are:
 between precisions then measures the precision, not ties between random logits.
 """
 
-
 from __future__ import annotations
 
 from argparse import Namespace

@@ -18,7 +18,10 @@ sequence while ``p <= delta`` and keep the last one passed (full depth when none
 * ``risk_controlled_single``: single entropy / maxprob thresholds on a fixed grid (no data used
   to build it, so the whole split calibrates).
 * ``risk_controlled_per_exit``: per-exit thresholds; the family (``calibrate_per_exit`` at
-  growing drop targets) is built on one half of the split and tested on the other half.
+  growing drop targets) is built on one half of the split and tested on the other half (on a
+  few hundred rows the halves are often too small to certify anything);
+* ``risk_controlled_kind``: the one of these for a registry kind (patience: every patience,
+  the most patient first).
 """
 
 from __future__ import annotations
@@ -28,23 +31,24 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
 
-from .exit_calibration import calibrate_per_exit
-from .exit_curve import ExitLogits, simulate_exits
-from .exit_policies import EntropyPolicy, ExitPolicy, MaxProbPolicy
-from .per_exit_policy import policy_exit_logits
+from .calibrate import calibrate_per_exit
+from .policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, PatiencePolicy
+from .thresholds import ExitLogits, simulate_exits
 
 __all__ = [
     "RiskControl",
     "binomial_cdf",
     "risk_controlled",
+    "risk_controlled_kind",
     "risk_controlled_per_exit",
     "risk_controlled_single",
 ]
 
 
 class RiskControl(NamedTuple):
+    """The policy risk control certifies and its evidence."""
+
     policy: ExitPolicy  # the last candidate certified (full depth if none)
     disagreement: float  # its disagreement rate with the final exit on the calibration rows
     p_value: float  # of "disagreement > epsilon" (1.0 for full depth)
@@ -75,7 +79,7 @@ def binomial_cdf(k: int, n: int, p: float) -> float:
 
 def _disagreements(exit_logits: ExitLogits, policy: ExitPolicy) -> int:
     final = exit_logits[-1][1].argmax(dim=-1)
-    _, preds = simulate_exits(policy_exit_logits(exit_logits, policy), policy)
+    _, preds = simulate_exits(exit_logits, policy)
     return int(preds.ne(final).sum())
 
 
@@ -120,7 +124,6 @@ def risk_controlled_single(
 
 def risk_controlled_per_exit(
     exit_logits: ExitLogits,
-    targets: Tensor,
     epsilon: float,
     delta: float,
     kind: str = "entropy",
@@ -128,16 +131,30 @@ def risk_controlled_per_exit(
     seed: int = 0,
 ) -> RiskControl:
     """Per-exit thresholds with the guarantee: a random half of the rows builds the family
-    (``calibrate_per_exit`` at each accuracy-drop target in ``drops``, sorted from the most to
-    the least expensive there), the other half certifies it (``examples`` is that half)."""
-    n = int(targets.numel())
+    (``calibrate_per_exit`` with the agreement constraint at each target in ``drops``, sorted
+    from the most to the least expensive there), the other half certifies it (``examples`` is
+    that half). No labels are needed."""
+    n = int(exit_logits[-1][1].size(0))
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     fit, check = order[: n // 2], order[n // 2 :]
     fit_logits = [(layer, x[fit]) for layer, x in exit_logits]
     check_logits = [(layer, x[check]) for layer, x in exit_logits]
     found = {}
     for drop in drops:
-        cal = calibrate_per_exit(fit_logits, targets.view(-1)[fit], drop, kind)
-        found.setdefault(str(cal.policy), (-cal.cost, cal.policy))
+        cal = calibrate_per_exit(fit_logits, None, drop, kind, constraint="agreement")
+        found.setdefault(cal.policy.spec, (-cal.cost, cal.policy))
     family = [policy for _, policy in sorted(found.values(), key=lambda v: v[0])]
     return risk_controlled(check_logits, family, epsilon, delta)
+
+
+def risk_controlled_kind(
+    kind: str, exit_logits: ExitLogits, epsilon: float, delta: float
+) -> RiskControl:
+    """Risk control for a registry ``kind``: single thresholds on the fixed grid, per-exit
+    thresholds on dev halves, or every patience from the most patient down."""
+    if kind.startswith("per_exit_"):
+        return risk_controlled_per_exit(exit_logits, epsilon, delta, kind[len("per_exit_") :])
+    if kind == "patience":
+        family = [PatiencePolicy(p) for p in range(len(exit_logits) - 2, -1, -1)]
+        return risk_controlled(exit_logits, family, epsilon, delta)
+    return risk_controlled_single(exit_logits, epsilon, delta, kind)

@@ -1,43 +1,29 @@
-"""Exit thresholds calibrated on a labelled split for an accuracy target (pure torch).
+"""The exact search behind per-exit thresholds (``early_exit.calibrate``), in numpy.
 
-Everything works from one pass over every exit, ``[(layer, N x K logits)]`` by layer with the
-final exit last (``exit_curve.ExitLogits``), and the gold labels (N):
+The split is one pass over every exit, ``[(layer, N x K logits)]`` by layer with the final
+exit last, and a reference per row (gold labels, or the final exit's predictions for the
+agreement constraint); a configuration is, per shallow exit, a *cut* (the rows whose confidence
+ranks at or below it leave there; ``NEVER``: none) and whether the exit is evaluated at all.
 
-* ``best_single_threshold``: today's policy, one entropy / max-probability threshold at every
-  exit, chosen exactly (every distinct cut of the rows' confidences is tried): the fastest
-  whose accuracy is at most ``max_accuracy_drop`` points below the final exit's.
-* ``calibrate_per_exit``: a ``PerExitPolicy``, one threshold per exit (and optionally PABEE's
-  patience beside them), the fastest within the same drop. The search:
+1. *Lagrangian coordinate descent.* For a price ``lam`` (layers per error) minimise
+   ``cost + lam * errors`` one exit at a time: with the other cuts fixed, the rows that reach
+   exit ``e`` either leave there (cost: its depth; right or wrong per its argmax) or go on to
+   the rest of the policy (a cost and a verdict that do not depend on ``e``'s cut). Leaving is
+   a prefix of the rows sorted by confidence, so the best cut is the best prefix of the per-row
+   difference: exact, in ``O(N log N)``. Sweeps repeat until nothing changes (the objective
+   never increases). ``lam`` runs down a geometric grid, each start warm from the last, tracing
+   cost against errors from full depth to the first exit.
+2. *Candidates:* every configuration visited, and the starts given (the best single threshold).
+3. *Polish:* from the ten cheapest feasible candidates, the same descent with the error budget
+   as a constraint (each exit's best feasible cut, exactly); then pair moves (every cut of one
+   exit, within 32 values of the current one, with the best feasible cut of another) until none
+   lowers the cost. On small splits the result equals brute force over every combination of
+   cuts (tested).
 
-  1. *Lagrangian coordinate descent.* For a price ``lam`` (layers per error) minimise
-     ``cost + lam * errors`` one exit at a time: with the other thresholds fixed, the rows that
-     reach exit ``e`` either leave there (cost: its depth; right or wrong per its argmax) or go
-     on to the rest of the policy (a cost and a verdict that do not depend on ``t_e``). Leaving
-     is a prefix of the rows sorted by confidence, so the best ``t_e`` is the best prefix of the
-     per-row difference: exact, in ``O(N log N)``. Sweeps repeat until nothing changes (the
-     objective never increases). ``lam`` runs down a geometric grid, each start warm from the
-     last, tracing cost against errors from full depth to the first exit.
-  2. *Candidates:* every configuration visited, and the best single threshold. The answer is
-     the cheapest that meets the target on the split (ties: fewer errors).
-  3. *Polish:* from the ten cheapest feasible candidates, the same descent with the target
-     as a constraint (each exit's best feasible cut, exactly); then pair moves (every cut of
-     one exit, within 32 values of the current one, with the best feasible cut of another)
-     until none lowers the cost. On small
-     splits the result equals brute force over every combination of cuts (tested).
-
-  So on the calibration split the policy meets the target by construction and costs no more
-  than the best single threshold.
-* ``constraint="agreement"``: the same searches with the final exit's predictions in place of
-  the labels: at most ``max_accuracy_drop`` percent of the rows may change their prediction.
-* ``cost``: the mean exit layer, plus ``head_cost`` (in layers) per shallow exit a row passes
-  through. With ``head_cost > 0`` (the exit head's time at batch 1, relative to a layer), an
-  exit that lets too few rows out to pay for its head is dropped from the policy
-  (``allow_skip``): the policy-level "skip exits" list, which the loop then does not evaluate.
-
-Thresholds are set strictly between two neighbouring confidence values of the split (float32
-values, as the policies compute them), so the decisions of ``PerExitPolicy.decide`` on the split
-are the ones the search counted; the numbers reported are recomputed with the policy itself
-(``evaluate``).
+``cost``: the exit layer, plus ``head_cost`` (in layers) per shallow exit a row passes through;
+with ``skip`` an exit may be left out (its head not evaluated) when it does not pay for itself.
+Thresholds are set strictly between two neighbouring confidence values of the split (float32,
+as the policies compute them), so the policy's decisions on the split are the ones counted.
 """
 
 from __future__ import annotations
@@ -50,58 +36,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .exit_curve import ExitLogits, TargetError, simulate_exits
-from .exit_policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, softmax_entropy
-from .per_exit_policy import KINDS, PerExitPolicy, policy_exit_logits
+from .per_exit import PerExitPolicy, per_exit_policy
+from .policies import softmax_entropy
+from .thresholds import ExitLogits, TargetError
 
-__all__ = [
-    "CONSTRAINTS",
-    "Calibration",
-    "best_single_threshold",
-    "calibrate_per_exit",
-    "evaluate",
-]
+__all__ = ["NEVER", "KINDS", "Split", "cut_threshold", "error_budget", "never_threshold",
+           "policy_of", "search", "single_cuts"]  # fmt: skip
 
-_NEVER = -1  # "no row leaves here" as a cut index
+NEVER = -1  # "no row leaves here" as a cut index
+KINDS = ("entropy", "maxprob")
+"""The single kinds whose rule a per-exit threshold applies."""
 
 
-class Calibration(NamedTuple):
-    """A policy and what it does on a split (accuracies in percent)."""
-
-    policy: ExitPolicy
-    accuracy: float
-    full_accuracy: float
-    mean_exit_layer: float
-    cost: float  # mean exit layer + head_cost x shallow exits evaluated per row
-    layer_speedup: float  # final layer / mean exit layer
-
-
-def evaluate(
-    exit_logits: ExitLogits, targets: Tensor, policy: ExitPolicy, head_cost: float = 0.0
-) -> Calibration:
-    """``policy`` on a split, from its one-pass exit logits (``simulate_exits`` on the exits
-    the policy evaluates: the batched loop's decisions)."""
-    used = policy_exit_logits(exit_logits, policy)
-    layers, preds = simulate_exits(used, policy)
-    shallow = torch.tensor([layer for layer, _ in used[:-1]], dtype=torch.long)
-    last = used[-1][0]
-    heads = (shallow.unsqueeze(0) <= layers.unsqueeze(1)).sum(dim=1).double()
-    targets = targets.view(-1).to(preds.device)
-    mean_layer = float(layers.double().mean())
-    return Calibration(
-        policy=policy,
-        accuracy=100.0 * float(preds.eq(targets).double().mean()),
-        full_accuracy=100.0 * float(exit_logits[-1][1].argmax(-1).eq(targets).double().mean()),
-        mean_exit_layer=mean_layer,
-        cost=mean_layer + head_cost * float(heads.mean()),
-        layer_speedup=last / mean_layer,
-    )
-
-
-# ----------------------------------------------------------------------------- the search
-
-
-class _Split:
+class Split:
     """The split as arrays: confidences sorted per exit, correctness, patience exits."""
 
     def __init__(
@@ -147,7 +94,7 @@ class _Split:
 
     def run(self, cuts: Sequence[int], active: Sequence[bool], head_cost: float):
         """Per row ``(cost, error)`` of a configuration: at exit e rows with
-        ``rank <= cuts[e]`` leave (``_NEVER``: none), and inactive exits are skipped."""
+        ``rank <= cuts[e]`` leave (``NEVER``: none), and inactive exits are skipped."""
         n, num = self.n, self.num_shallow
         exit_at = np.full(n, num)  # index into layers; num = the final exit
         undecided = np.ones(n, dtype=bool)
@@ -170,18 +117,18 @@ class _Split:
     def threshold(self, e: int, cut: int) -> float:
         """The policy threshold that lets out the rows with rank ``<= cut`` at exit ``e``."""
         values = self.values[e]
-        if cut == _NEVER:
-            return _never(self.kind)
+        if cut == NEVER:
+            return never_threshold(self.kind)
         if cut >= len(values) - 1:
             return math.inf if self.kind == "entropy" else 0.0  # every row
-        return _cut_threshold(self.kind, float(values[cut]), float(values[cut + 1]))
+        return cut_threshold(self.kind, float(values[cut]), float(values[cut + 1]))
 
 
-def _never(kind: str) -> float:
+def never_threshold(kind: str) -> float:
     return 0.0 if kind == "entropy" else 1.5  # H < 0, p >= 1.5: nobody leaves
 
 
-def _cut_threshold(kind: str, low: float, high: float) -> float:
+def cut_threshold(kind: str, low: float, high: float) -> float:
     """A threshold that lets out the score ``low`` and keeps ``high`` (scores: entropy, or
     minus the top probability; ``low < high``), checked in float32 as the policies compare.
 
@@ -206,7 +153,7 @@ class _Options(NamedTuple):
     drop: tuple[float, float] | None  # (cost, errors) with exit e left out, if allowed
 
 
-def _options(split: _Split, cuts, active, e: int, head_cost: float, skip: bool) -> _Options:
+def _options(split: Split, cuts, active, e: int, head_cost: float, skip: bool) -> _Options:
     """Exit ``e``'s options: rows reaching it either leave there (a prefix of them sorted by
     confidence) or go on to the rest of the policy, whose outcome does not depend on ``e``."""
     num, n = split.num_shallow, split.n
@@ -250,7 +197,7 @@ def _choose(
     least cost within ``max_errors`` (``lam=None``; ties: fewer errors)."""
     costs = np.concatenate([[options.cost], options.cost + options.cut_cost])
     errors = np.concatenate([[options.errors], options.errors + options.cut_errors])
-    choices = [_NEVER, *range(len(options.cut_cost))]
+    choices = [NEVER, *range(len(options.cut_cost))]
     if options.drop is not None:
         costs = np.append(costs, options.drop[0])
         errors = np.append(errors, options.drop[1])
@@ -265,20 +212,20 @@ def _choose(
         best = int(np.argmin(costs + lam * errors))  # ties: the most conservative
     new_cuts, new_active = list(cuts), list(active)
     if choices[best] is None:
-        new_cuts[e], new_active[e] = _NEVER, False
+        new_cuts[e], new_active[e] = NEVER, False
     else:
         new_cuts[e], new_active[e] = choices[best], True
     return new_cuts, new_active
 
 
-def _lambdas(split: _Split) -> list[float]:
+def _lambdas(split: Split) -> list[float]:
     """Prices from 'an error costs every layer of every row' down to nearly free."""
     top = float(split.layers[-1]) * split.n
     return [top * 0.7**i for i in range(80)] + [0.0]
 
 
-def _search(
-    split: _Split,
+def search(
+    split: Split,
     max_errors: float,
     head_cost: float,
     skip: bool,
@@ -297,7 +244,7 @@ def _search(
 
     for start in starts:
         score(*start)
-    cuts, active = [_NEVER] * num, [True] * num
+    cuts, active = [NEVER] * num, [True] * num
     for lam in _lambdas(split):
         cuts, active = _descend(split, cuts, active, head_cost, skip, lam, max_errors, score)
     # polish the cheapest feasible configurations (without patience full depth is one) with the same
@@ -318,7 +265,7 @@ def _search(
     return _pair_moves(split, cuts, active, head_cost, skip, max_errors, score)
 
 
-def _pair_moves(split: _Split, cuts, active, head_cost, skip, max_errors, score, window=32):
+def _pair_moves(split: Split, cuts, active, head_cost, skip, max_errors, score, window=32):
     """Escape the descent's local optima: for every exit ``e`` and every cut of it within
     ``window`` distinct values of the current one, the best feasible cut of every other exit
     ``f`` (exact, as in the descent); take the best improving pair, repeat until none
@@ -329,7 +276,7 @@ def _pair_moves(split: _Split, cuts, active, head_cost, skip, max_errors, score,
         for e in range(split.num_shallow):
             if not active[e]:
                 continue
-            low, high = max(_NEVER, cuts[e] - window), min(len(split.values[e]), cuts[e] + window)
+            low, high = max(NEVER, cuts[e] - window), min(len(split.values[e]), cuts[e] + window)
             for cut in range(low, high + 1):
                 if cut == cuts[e] or cut >= len(split.values[e]):
                     continue
@@ -348,7 +295,7 @@ def _pair_moves(split: _Split, cuts, active, head_cost, skip, max_errors, score,
         cuts, active = best[2]
 
 
-def _descend(split: _Split, cuts, active, head_cost, skip, lam, max_errors, score):
+def _descend(split: Split, cuts, active, head_cost, skip, lam, max_errors, score):
     """Coordinate descent, one exit at a time, until no exit changes (at most 50 sweeps);
     a step is taken only if it lowers the objective, so the search cannot cycle."""
 
@@ -376,48 +323,31 @@ def _descend(split: _Split, cuts, active, head_cost, skip, lam, max_errors, scor
     return cuts, active
 
 
-def _policy(split: _Split, cuts, active, patience: int | None) -> PerExitPolicy:
+def policy_of(split: Split, cuts, active, patience: int | None) -> PerExitPolicy:
     """The policy of a configuration; without patience an exit nobody leaves at is left out
     (its head need not run: the same decisions), and so are the exits after one every row
     leaves at."""
     keep = []
     for e in range(split.num_shallow):
-        if active[e] and (patience is not None or cuts[e] != _NEVER):
+        if active[e] and (patience is not None or cuts[e] != NEVER):
             keep.append(e)
             if cuts[e] >= len(split.values[e]) - 1:
                 break  # every row leaves here: later exits are never reached
     layers = tuple(split.layers[e] for e in keep)
-    return PerExitPolicy(
-        split.kind, layers, tuple(split.threshold(e, cuts[e]) for e in keep), patience
-    )
+    thresholds = tuple(split.threshold(e, cuts[e]) for e in keep)
+    return per_exit_policy(split.kind, layers, thresholds, patience)
 
 
-CONSTRAINTS = ("accuracy", "agreement")
-
-
-def _gold(exit_logits: ExitLogits, targets: Tensor | None) -> Tensor:
-    return exit_logits[-1][1].argmax(dim=-1) if targets is None else targets
-
-
-def _reference(exit_logits: ExitLogits, targets: Tensor | None, constraint: str) -> Tensor:
-    """What the search counts errors against: the labels, or the final exit's predictions."""
-    if constraint == "agreement":
-        return exit_logits[-1][1].argmax(dim=-1)
-    if constraint != "accuracy":
-        raise ValueError(f"constraint must be one of {CONSTRAINTS}, got {constraint!r}")
-    if targets is None:
-        raise ValueError("constraint 'accuracy' needs the gold labels (targets)")
-    return targets
-
-
-def _max_errors(split: _Split, max_accuracy_drop: float) -> float:
+def error_budget(split: Split, max_accuracy_drop: float) -> float:
+    """The errors allowed on the split: the final exit's, plus ``max_accuracy_drop`` percent
+    of the rows."""
     if not max_accuracy_drop >= 0:
         raise ValueError(f"max_accuracy_drop must be >= 0 points, got {max_accuracy_drop}")
     full_errors = float(split.n - split.correct[:, -1].sum())
     return full_errors + max_accuracy_drop * split.n / 100.0
 
 
-def _single_cuts(split: _Split, max_errors: float, head_cost: float):
+def single_cuts(split: Split, max_errors: float, head_cost: float):
     """``(cuts, value)`` of the best single threshold: rows whose score is at most ``value``
     (a distinct score of the split; None: nobody) leave at every exit."""
     pooled = np.unique(split.scores)
@@ -425,7 +355,7 @@ def _single_cuts(split: _Split, max_errors: float, head_cost: float):
     active = [True] * split.num_shallow
     for v in [None, *pooled.tolist()]:
         if v is None:
-            cuts = [_NEVER] * split.num_shallow
+            cuts = [NEVER] * split.num_shallow
         else:
             cuts = [
                 int(np.searchsorted(split.values[e], np.float32(v), side="right")) - 1
@@ -437,71 +367,3 @@ def _single_cuts(split: _Split, max_errors: float, head_cost: float):
             best = (key, cuts, v, pooled)
     assert best is not None  # nobody leaving is always feasible
     return best[1], best[2], best[3]
-
-
-def best_single_threshold(
-    exit_logits: ExitLogits,
-    targets: Tensor | None,
-    max_accuracy_drop: float,
-    kind: str = "entropy",
-    head_cost: float = 0.0,
-    constraint: str = "accuracy",
-) -> Calibration:
-    """The single threshold (every exit) with the lowest cost whose accuracy on the split is
-    at most ``max_accuracy_drop`` points below the final exit's (ties: more accurate); every
-    distinct confidence value of the split is tried. ``constraint`` as ``calibrate_per_exit``."""
-    split = _Split(exit_logits, _reference(exit_logits, targets, constraint), kind, None)
-    _, value, pooled = _single_cuts(split, _max_errors(split, max_accuracy_drop), head_cost)
-    if value is None:
-        threshold = _never(kind)
-    else:
-        above = pooled[pooled > np.float32(value)]
-        if above.size:
-            threshold = _cut_threshold(kind, value, float(above[0]))
-        else:
-            threshold = math.inf if kind == "entropy" else 0.0
-    policy = EntropyPolicy(threshold) if kind == "entropy" else MaxProbPolicy(threshold)
-    return evaluate(exit_logits, _gold(exit_logits, targets), policy, head_cost)
-
-
-def calibrate_per_exit(
-    exit_logits: ExitLogits,
-    targets: Tensor | None,
-    max_accuracy_drop: float,
-    kind: str = "entropy",
-    patience: int | None = None,
-    head_cost: float = 0.0,
-    allow_skip: bool | None = None,
-    constraint: str = "accuracy",
-) -> Calibration:
-    """The cheapest ``PerExitPolicy`` whose accuracy on the split is at most
-    ``max_accuracy_drop`` points below the final exit's (see the module docstring).
-
-    Args:
-        exit_logits: ``[(layer, N x K)]``, the last the final exit (at least one shallow).
-        targets: N gold labels.
-        kind: ``entropy`` or ``maxprob``.
-        patience: also leave after ``patience`` agreeing exits (None: thresholds only).
-        head_cost: cost of evaluating one exit head, in layers (0: mean exit layer only).
-        allow_skip: drop exits that do not pay for their head (default: when ``head_cost > 0``
-            and there is no patience, which counts every exit).
-        constraint: ``accuracy`` (against ``targets``) or ``agreement``: the share of rows
-            whose prediction differs from the final exit's is at most ``max_accuracy_drop``
-            percent (CALM's consistency; ``targets`` unused, may be None). Agreement bounds the
-            accuracy drop (rows that agree are equally right) and, on a few hundred dev rows,
-            over-fits much less than the accuracy edge, whose noise the search exploits.
-    Returns:
-        the policy and what it does on the split; ``accuracy`` against ``targets`` (or, with
-        ``targets=None``, against the final exit).
-    """
-    split = _Split(exit_logits, _reference(exit_logits, targets, constraint), kind, patience)
-    max_errors = _max_errors(split, max_accuracy_drop)
-    skip = (head_cost > 0 and patience is None) if allow_skip is None else allow_skip
-    if skip and patience is not None:
-        raise ValueError("allow_skip needs patience=None (patience counts every exit)")
-    starts = [([_NEVER] * split.num_shallow, [True] * split.num_shallow)]
-    if patience is None:
-        starts.append((_single_cuts(split, max_errors, head_cost)[0], [True] * split.num_shallow))
-    cuts, active = _search(split, max_errors, head_cost, skip, starts)
-    policy = _policy(split, cuts, active, patience)
-    return evaluate(exit_logits, _gold(exit_logits, targets), policy, head_cost)
