@@ -5,16 +5,16 @@ test split (``--test``), for each accuracy-drop target (``--drops``, points belo
 model *on dev*), each policy family is calibrated on dev and then run, unchanged, on test:
 
 * ``entropy`` / ``maxprob``: today's single threshold at every exit, the best on dev (every
-  distinct cut tried: ``exit_calibration.best_single_threshold``);
+  distinct cut tried: ``early_exit.calibrate.best_single_threshold``);
 * ``patience``: PABEE's patience, the fastest on dev within the target;
 * ``per-exit entropy`` / ``per-exit maxprob``: one threshold per exit
-  (``exit_calibration.calibrate_per_exit``); ``+ patience P``: with PABEE's patience beside
+  (``early_exit.calibrate.calibrate_per_exit``); ``+ patience P``: with PABEE's patience beside
   the thresholds ("patience or confidence");
 * ``..., agreement``: the same searches constrained by the share of dev rows whose prediction
   changes from the full model's (at most the target, in percent) instead of the dev accuracy;
 * ``risk-controlled``: the most aggressive single entropy threshold of a fixed grid whose
   disagreement with the full model is certified at most the target with probability
-  ``1 - --delta`` (``exit_risk_control``; Learn-then-Test's fixed-sequence testing with
+  ``1 - --delta`` (``early_exit.risk_control``; Learn-then-Test's fixed-sequence testing with
   exact binomial tails, as CALM does for consistency); ``risk-controlled per-exit``: per-exit
   thresholds calibrated on one half of dev at growing targets, certified on the other half;
 * ``oracle-final``: the earliest exit that agrees with the final exit (computed on each split:
@@ -39,31 +39,19 @@ from typing import Any
 import torch
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
-from acl_fairseq.cli.sweep import load_batches, load_checkpoint
-from acl_fairseq.cli.sweep_curve import collect_exits
-from acl_fairseq.exit_calibration import (
-    Calibration,
+from acl_fairseq.checkpoint.inference import load_for_inference
+from acl_fairseq.data.splits import load_batches
+from acl_fairseq.early_exit.calibrate import (
+    best_patience,
     best_single_threshold,
     calibrate_per_exit,
     evaluate,
 )
-from acl_fairseq.exit_curve import TargetError, oracle_exits
-from acl_fairseq.exit_policies import ExitPolicy, PatiencePolicy
-from acl_fairseq.exit_risk_control import risk_controlled_per_exit, risk_controlled_single
-from acl_fairseq.inference_precision import PRECISIONS, prepare_for_inference
-
-HEAD = "sentence_classification_head"
-
-
-def best_patience(exit_logits, targets, drop: float, head_cost: float) -> Calibration:
-    """The fastest ``PatiencePolicy`` within ``drop`` points of the full model on the split."""
-    full = evaluate(exit_logits, targets, PatiencePolicy(len(exit_logits) - 1))
-    best = full
-    for p in range(len(exit_logits) - 1):
-        result = evaluate(exit_logits, targets, PatiencePolicy(p), head_cost)
-        if result.accuracy >= full.full_accuracy - drop - 1e-9 and result.cost < best.cost:
-            best = result
-    return best
+from acl_fairseq.early_exit.policies import ExitPolicy
+from acl_fairseq.early_exit.risk_control import risk_controlled_per_exit, risk_controlled_single
+from acl_fairseq.early_exit.thresholds import TargetError, collect_exits, oracle_exits
+from acl_fairseq.inference_precision import PRECISIONS
+from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
 
 
 def policies_on_dev(
@@ -86,10 +74,16 @@ def policies_on_dev(
         ("entropy", single("entropy")),
         ("maxprob", single("maxprob")),
         ("patience", best_patience(dev, dev_targets, drop, head_cost).policy),
+        (
+            "patience, agreement",
+            best_patience(dev, dev_targets, drop, head_cost, "agreement").policy,
+        ),
         ("per-exit entropy", per_exit("entropy", None)),
         ("per-exit maxprob", per_exit("maxprob", None)),
     ]
     chosen += [(f"per-exit entropy + patience {p}", per_exit("entropy", p)) for p in patiences]
+    chosen += [(f"per-exit entropy + patience {p}, agreement", per_exit("entropy", p, "agreement"))
+               for p in patiences]  # fmt: skip
     chosen += [
         ("entropy, agreement", single("entropy", "agreement")),
         ("per-exit entropy, agreement", per_exit("entropy", None, "agreement")),
@@ -98,7 +92,7 @@ def policies_on_dev(
     risk = risk_controlled_single(dev, drop / 100.0, delta, "entropy")
     chosen.append((f"risk-controlled entropy (delta {delta:g})", risk.policy))
     halves = risk_controlled_per_exit(
-        dev, dev_targets, drop / 100.0, delta, drops=tuple(0.5 * i for i in range(11))
+        dev, drop / 100.0, delta, drops=tuple(0.5 * i for i in range(11))
     )
     chosen.append(
         (f"risk-controlled per-exit entropy (delta {delta:g}, dev halves)", halves.policy)
@@ -208,8 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("fairseq").setLevel(logging.WARNING)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, task = load_checkpoint(args.checkpoint, args.data, "cpu")
-    prepare_for_inference(model, args.dtype)
+    model, task, _ = load_for_inference(
+        args.checkpoint, args.data, "cpu", multi_exit=True, dtype=args.dtype
+    )
     splits = {}
     for split in (args.dev, args.test):
         batches = load_batches(task, split, args.batch_size, args.max_examples)
