@@ -170,7 +170,7 @@ def table(
                 _cells(
                     [
                         f"{drop:g}",
-                        f"{family}: `{policy}`",
+                        f"{family}: `{policy.spec}`",
                         f"{on_dev.accuracy:.2f}",
                         f"{on_dev.mean_exit_layer:.2f}",
                         f"{on_test.accuracy:.2f}",
