@@ -99,3 +99,40 @@ def test_policies_chosen_on_dev_meet_the_target_there(tmp_path):
             assert label.endswith("chosen on dev")
             result = evaluate(exit_logits, targets, policy)
             assert result.agreement >= 98.0 - 1e-9 and result.mean_exit_layer < 4.0
+
+
+@pytest.mark.slow
+def test_runs_end_to_end_on_a_checkpoint(sentiment_data, tmp_path, capsys):
+    """The benchmark on a trained multi-exit checkpoint and its data folder: HF fp32 anchor,
+    this project at two precisions, full depth and the policies chosen on dev, both batch
+    sizes; the table as CSV (no ONNX Runtime, one timed round)."""
+    from fairseq_helpers import TINY_MULTI_EXIT, fairseq_train, train_args
+
+    fairseq_train(
+        sentiment_data, tmp_path / "ckpt",
+        *train_args(TINY_MULTI_EXIT, criterion="multi_exit_ce", max_update=24,
+                    no_epoch_checkpoints=True),
+    )  # fmt: skip
+    ckpt = tmp_path / "ckpt" / "checkpoint_last.pt"
+    out = tmp_path / "anchors.csv"
+    assert anchors.main([
+        str(ckpt), str(sentiment_data), "--dev", "valid", "--test", "valid",
+        "--max-examples", "24", "--rounds", "1", "--batch-sizes", "1,8", "--threads", "1",
+        "--dtypes", "fp32,int8", "--max-accuracy-drop", "100", "--no-ort", "--out", str(out),
+    ]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "measured on valid, policies chosen on valid (--max-accuracy-drop 100" in printed
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    systems = [(r["batch"], r["system"], r["policy"].split(":")[0]) for r in rows]
+    for batch in ("1", "8"):
+        assert (batch, "HF fp32 (sdpa)", "full depth") in systems
+        assert (batch, "fp32", "full depth") in systems and (batch, "int8", "full depth") in systems
+        assert (batch, "fp32", "entropy chosen on valid") in systems
+        assert (batch, "int8", "per_exit_entropy chosen on valid") in systems
+    hf = next(r for r in rows if r["system"].startswith("HF") and r["batch"] == "8")
+    fp32 = next(r for r in rows if r["system"] == "fp32" and r["batch"] == "8")
+    assert hf["accuracy"] == fp32["accuracy"]  # the same weights
+    chosen = [r for r in rows if "chosen on valid" in r["policy"]]
+    assert all(float(r["mean_exit_layer"]) == 1.0 for r in chosen)  # the 100-point target
+    assert all(float(r["ms"]) > 0 and float(r["speedup"]) > 0 for r in rows)
