@@ -6,7 +6,7 @@ batch 32, grouped batches, checkpoints chosen on dev)::
 
     pair-converged-cap  CE, seed 1, on the sentence pairs with a 6-epoch cap, stopped after an
                         epoch without a better dev accuracy: the cap of the next phase is the
-                        first whole epoch count past the best dev accuracy, plus one
+                        epoch of its best dev accuracy (at least the first round's 2)
     pair-converged      at that cap, 5 seeds of CE, ACL (ACL-Embed + ACL-Grad) and ACL-Embed
                         without ACL-Grad (``acl_embed``): ACL-Grad's effect (2x2 with CE+SCL and
                         CE+SCL gated by ACL-Grad with --pair-converged-scl)
@@ -89,7 +89,7 @@ class Round2(Study):
         result = json.loads((out / "runs" / "ce-seed1" / "test.json").read_text("utf-8"))
         per_epoch = -(-count_examples(self.data("pair-bin")) // BATCH)
         best = int(result["dev"]["num_updates"])
-        cap = min(CAP_EPOCHS, math.ceil(best / per_epoch) + 1)
+        cap = min(CAP_EPOCHS, max(2, math.ceil(best / per_epoch)))
         scores = {"best_dev_update": best, "updates_per_epoch": per_epoch}
         self.choose("cap_epochs", scores, cap)
 
