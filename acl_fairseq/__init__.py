@@ -4,9 +4,10 @@ Load with ``fairseq-train --user-dir acl_fairseq`` (or ``fairseq-validate``,
 ``fairseq-hydra-train``); importing the package registers its criterions, models and tasks.
 """
 
-from . import checkpoint_loading
+from . import checkpoint_loading, distributed
 
 checkpoint_loading.install()
+distributed.install_cpu_ddp()  # --ddp-backend pytorch_ddp on CPU (gloo)
 
 from . import criterions, models, tasks  # noqa: E402, F401
 
