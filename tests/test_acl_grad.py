@@ -7,6 +7,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 from fairseq.logging import metrics
+from fairseq.optim.amp_optimizer import AMPOptimizer
 from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
 from fairseq.optim.fairseq_optimizer import FairseqOptimizer
 
@@ -115,7 +116,7 @@ class TwoTermCriterion:
 class PlainOptimizer(FairseqOptimizer):
     def __init__(self, params, loss_scale=None):
         super().__init__(SimpleNamespace())
-        self._optimizer = torch.optim.SGD(params, lr=0.1)
+        self._optimizer = torch.optim.SGD(params, lr=0.0)
         if loss_scale is not None:
             self.scaler = DynamicLossScaler(init_scale=loss_scale)
 
@@ -133,14 +134,20 @@ def make_task(tmp_path=None, log=None, log_top_k=None):
     return AclSentencePredictionTask(cfg, d, d)
 
 
-def run_update(task, model, opt, samples, criterion=None, update_num=0):
-    """What fairseq's Trainer does for one update (single worker)."""
+def run_update(task, model, opt, samples, criterion=None, update_num=0, overflow=False):
+    """What fairseq's Trainer does for one update (single worker): with ``overflow``, what it
+    does when the fp16 loss scaler finds an overflow (zero the gradients instead of a step).
+    The step itself is left out (SGD at lr 0), so the tests read what reached ``.grad``."""
     criterion = criterion or TwoTermCriterion()
     opt.zero_grad()
     with metrics.aggregate(new_root=True) as agg:
         for s in samples:
             task.train_step(s, model, criterion, opt, update_num=update_num)
         opt.all_reduce_grads(model)
+        if overflow:
+            opt.zero_grad()
+        else:
+            task.optimizer_step(opt, model, update_num)
     return agg
 
 
@@ -210,6 +217,67 @@ def test_zero_grad_drops_a_half_accumulated_buffer():
     # e.g. an OOM: the trainer zeroes the gradients and starts the update again
     run_update(task, model, opt, [{"a": [1.0, 0.0], "b": [1.0, 1.0]}])
     torch.testing.assert_close(model.w.grad, torch.tensor([2.0, 1.0]))
+
+
+@pytest.mark.parametrize("scope", ["all", "head"])
+def test_a_skipped_update_enters_no_statistic(tmp_path, scope):
+    """fp16 overflow: the trainer zeroes the gradients instead of stepping. The update's
+    finite decisions (the head scope decides before the backward pass that overflows) are
+    neither logged nor averaged; the next, applied update is."""
+    log = tmp_path / "angles.tsv"
+    model, task = HeadedModel(), make_task(log=str(log))
+    opt = PlainOptimizer(model.parameters())
+    sample = head_sample([1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [1.0, 1.0])
+    agg = run_update(task, model, opt, [sample, sample], HeadedCriterion(scope), overflow=True)
+    assert "acl_grad_angle" not in agg.keys() and not log.exists()
+    agg = run_update(task, model, opt, [sample], HeadedCriterion(scope), update_num=0)
+    (row,) = read_angle_log(log)
+    assert row.update == 0 and row.kept
+    assert agg.get_smoothed_value("acl_grad_angle") == pytest.approx(row.angle, abs=0.05)
+
+
+class HalvingScaler:
+    """torch's GradScaler as ACL-Grad sees it: it scales losses and halves its scale when it
+    skips a step."""
+
+    def __init__(self):
+        self.factor = 8.0
+
+    def scale(self, loss):
+        return loss * self.factor
+
+    def get_scale(self):
+        return self.factor
+
+
+class AmpLikeOptimizer(AMPOptimizer):
+    """fairseq's ``AMPOptimizer`` whose scaler skips the step when ``skip`` (e.g. an
+    overflow), as torch's GradScaler does inside ``step``."""
+
+    def __init__(self, params, skip):
+        FairseqOptimizer.__init__(self, SimpleNamespace())
+        self.fp32_optimizer = PlainOptimizer(params)
+        self._grad_scaler = HalvingScaler()
+        self.skip = skip
+
+    def backward(self, loss):
+        self.scaler.scale(loss).backward()
+
+    def step(self):
+        if self.skip:
+            self.scaler.factor /= 2
+        else:
+            self.fp32_optimizer.step()
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_an_update_amp_skips_enters_no_statistic(tmp_path, skip):
+    log = tmp_path / "angles.tsv"
+    model, task = TwoTermModel(), make_task(log=str(log))
+    opt = AmpLikeOptimizer(model.parameters(), skip)
+    agg = run_update(task, model, opt, [{"a": [1.0, 0.0], "b": [1.0, 1.0]}])
+    assert ("acl_grad_angle" in agg.keys()) is not skip
+    assert len(read_angle_log(log)) == (0 if skip else 1)
 
 
 def test_angle_log_file(tmp_path):
@@ -342,7 +410,7 @@ def test_head_scope_drops_the_term_in_the_same_backward_pass():
     torch.testing.assert_close(model.u.grad, 8.0 * torch.tensor([1.0]))
     head_grad = model.classification_heads["h"].v.grad
     torch.testing.assert_close(head_grad, 8.0 * torch.tensor([1.0, 0.0]))
-    assert AclGradOptimizer.of(opt) is None  # no side buffer, no optimizer wrapper
+    assert not task.acl_grad.holds_contrastive_gradient  # no side buffer
 
 
 def test_head_scope_decides_per_micro_batch(tmp_path):
@@ -467,7 +535,7 @@ def test_top_k_decides_on_the_gradients_of_its_parameters(tmp_path, k):
     (ce + con).backward()
     for (n, p), (_, q) in zip(model.named_parameters(), full.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=n)
-    assert AclGradOptimizer.of(opt) is None  # no side buffer
+    assert not task.acl_grad.holds_contrastive_gradient  # no side buffer
 
 
 def test_top_k_angles_differ_with_k_and_top_zero_is_head():
