@@ -7,7 +7,7 @@ Load with ``fairseq-train --user-dir acl_fairseq`` (or ``fairseq-validate``,
 from . import checkpoint_loading, distributed
 
 checkpoint_loading.install()
-distributed.install_cpu_ddp()  # --ddp-backend pytorch_ddp on CPU (gloo)
+distributed.install()  # torch's DDP on CPU; checkpoints broadcast to every worker
 
 from . import criterions, models, tasks  # noqa: E402, F401
 

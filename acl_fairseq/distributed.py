@@ -9,6 +9,10 @@
   ``device_ids`` / ``output_device`` when, and only when, the module's parameters are all on
   the CPU (``fairseq-train --cpu``): torch's real reducer then runs with gloo. On a GPU
   nothing changes.
+* :func:`install_checkpoint_broadcast`: with more than one worker, fairseq loads the
+  checkpoint to restore or resume on worker 0 and broadcasts it pickled; under torch >= 2.6
+  the other workers' ``torch.load`` refuses it (weights-only). Installed when the plugin is
+  imported, the receivers unpickle what worker 0 of the same job sent.
 * :func:`call_through_wrappers`: DDP reduces the gradients of a backward pass only when the
   forward went through ``DistributedDataParallel.forward`` (which prepares its reducer).
   A model method other than ``forward`` reached through fairseq's ``ModuleProxyWrapper``
@@ -36,9 +40,11 @@ per update, after the last micro-batch):
 Either way the trainer then multiplies by ``world_size / sample_size``.
 """
 
+import io
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from fairseq.dataclass import FairseqDataclass
 from omegaconf import II
 from torch import nn
@@ -51,6 +57,8 @@ __all__ = [
     "check_static_graph",
     "check_unused_parameters",
     "find_ddp",
+    "install",
+    "install_checkpoint_broadcast",
     "install_cpu_ddp",
     "unwrap_model",
 ]
@@ -75,6 +83,44 @@ def install_cpu_ddp() -> None:
     from fairseq.models import distributed_fairseq_model
 
     distributed_fairseq_model.DistributedDataParallel = CpuDistributedDataParallel
+
+
+def _broadcast_object_slow(obj: Any, src_rank: int, group: Any, dist_device: Any) -> Any:
+    """fairseq's ``distributed.utils._broadcast_object_slow``, except that the receiving
+    workers unpickle with ``weights_only=False``: the bytes are what the source worker of
+    the same job pickled (the checkpoint it loaded, safely, for everyone)."""
+    from fairseq.distributed.utils import broadcast, get_rank
+
+    if get_rank(group) == src_rank:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        data = torch.ByteTensor(buffer.getbuffer()).to(dist_device)
+        length = torch.LongTensor([len(data)]).to(dist_device)
+        broadcast(length, src=src_rank, group=group)
+        broadcast(data, src=src_rank, group=group)
+        return obj
+    length = torch.LongTensor([0]).to(dist_device)
+    broadcast(length, src=src_rank, group=group)
+    data = torch.ByteTensor(int(length.item())).to(dist_device)
+    broadcast(data, src=src_rank, group=group)
+    return torch.load(io.BytesIO(data.cpu().numpy()), map_location="cpu", weights_only=False)
+
+
+def install_checkpoint_broadcast() -> None:
+    """Lets the workers of a multi-worker run receive the checkpoint that worker 0 loaded
+    (idempotent). fairseq's trainer loads ``--restore-file`` / ``checkpoint_last.pt`` on
+    worker 0 and broadcasts it pickled; the others unpickle it with ``torch.load``, whose
+    weights-only default (torch >= 2.6) refuses the checkpoint's config objects ("Weights
+    only load failed": every data-parallel run that restores or resumes, GPU or CPU)."""
+    from fairseq.distributed import utils
+
+    utils._broadcast_object_slow = _broadcast_object_slow
+
+
+def install() -> None:
+    """:func:`install_cpu_ddp` and :func:`install_checkpoint_broadcast` (at plugin import)."""
+    install_cpu_ddp()
+    install_checkpoint_broadcast()
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
