@@ -221,6 +221,18 @@ def test_torch_ddp_with_an_unused_lm_head_needs_find_unused_parameters(sentiment
     assert "encoder.lm_head" in message and "train_inner" not in message
 
 
+@pytest.mark.slow
+def test_two_workers_restore_a_checkpoint(trained, sentiment_data, tmp_path):
+    """Worker 0 loads --restore-file and broadcasts it; under torch >= 2.6 worker 1's
+    weights-only unpickling refused it until the plugin's broadcast (distributed.py)."""
+    checkpoint = trained(Run("acl_embed", update_freq=2)).save_dir / "checkpoint_last.pt"
+    args = [*COMMON, *CASES["acl_embed"], "--ddp-backend", "pytorch_ddp"]
+    args += ["--find-unused-parameters", "--restore-file", str(checkpoint), "--reset-optimizer"]
+    out = fairseq_train_with(sentiment_data, tmp_path, *args, "--max-update", "1", workers=2)
+    assert f"Loaded checkpoint {checkpoint}" in rank_output(out, 0)  # and both ranks exited 0
+    assert "Weights only load failed" not in rank_output(out, 1)
+
+
 def _launch(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(LAUNCHER), *args],
