@@ -80,7 +80,8 @@ def check_autocast(cfg: Any) -> None:
         raise ValueError(
             f"--autocast {mode} cannot be combined with {' '.join(given)}: --autocast {mode} "
             "keeps fp32 weights and runs the forward passes in bfloat16 by itself, while "
-            f"{' and '.join(given)} convert the model or scale the loss for another precision. "
+            f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} fairseq's own mixed "
+            "precision (a half-precision model or loss scaling; common.* in a hydra config). "
             f"Drop {' '.join(given)} (fairseq's --bf16 means TPU training), or drop --autocast."
         )
 
