@@ -21,6 +21,16 @@ So the decision is made on the gradients of the whole update (every micro-batch 
 worker): it is the same on all workers, and 1 worker with ``--update-freq k`` decides exactly
 like k workers. The buffer is dropped whenever the trainer zeroes the gradients.
 
+The decisions of an update enter the statistics (``acl_grad_angle``, ``acl_grad_drop``, the
+angle log) when the optimizer steps (:meth:`AclGrad.optimizer_step`, the task's
+``optimizer_step``): an update that fp16's loss scaler skips (overflow: the trainer zeroes the
+gradients instead) or that ``--amp``'s scaler skips enters none. An undefined angle (inf/nan
+gradients, a zero gradient) keeps the term, so the scaler sees the overflow, and enters none
+either.
+
+``--autocast bf16`` (the task's): the forward pass of :meth:`AclGrad.train_step` runs under
+autocast, both backward passes outside it; the gradients, the buffer and the angle are fp32.
+
 ``--acl-grad-scope head`` is the cheap approximation: for each micro-batch, the CE and
 contrastive gradients of the classification heads' parameters only are taken (a backward pass
 through the heads, not the encoder), summed over the workers, and the decision is made before
