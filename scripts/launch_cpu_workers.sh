@@ -36,7 +36,8 @@
 #
 # Example (2 workers, tiny run):
 #   scripts/launch_cpu_workers.sh 2 --log-dir logs -- fairseq-train data-bin/RTE \
-#       --user-dir acl_fairseq --task acl_sentence_prediction --criterion acl_embed ...
+#       --user-dir acl_fairseq --task acl_sentence_prediction --criterion acl_embed \
+#       --find-unused-parameters ...
 #
 # Tip: --acl-grad-log 'angles.{rank}.tsv' writes one ACL-Grad log per rank.
 set -uo pipefail
