@@ -171,7 +171,7 @@ def test_autocast_choices_are_checked_by_the_parser(tmp_path):
 
 
 # ------------------------------------------------------------------ end to end (fairseq-train)
-UPDATES = 12
+UPDATES = 24
 COMMON = train_args(
     [],
     batch_size=8,
