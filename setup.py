@@ -19,14 +19,14 @@ setup(
     extras_require={"test": ["pytest", "ruff", "transformers", "safetensors", "matplotlib"]},
     entry_points={
         "console_scripts": [
-            "acl-fairseq-prepare = acl_fairseq.cli.prepare.cli:console_main",
+            "acl-fairseq-prepare = acl_fairseq.cli.prepare:main",
             "acl-fairseq-convert-bert = acl_fairseq.cli.convert_bert:main",
-            "acl-fairseq-compare = acl_fairseq.cli.compare.cli:main",
+            "acl-fairseq-compare = acl_fairseq.cli.compare:main",
             "acl-fairseq-sweep = acl_fairseq.cli.sweep:main",
             "acl-fairseq-predict = acl_fairseq.cli.predict:main",
             "acl-fairseq-plots = acl_fairseq.cli.plots:main",
             "acl-fairseq-demo = acl_fairseq.cli.demo:main",
-            "acl-fairseq-study = acl_fairseq.cli.study.cli:main",
+            "acl-fairseq-study = acl_fairseq.cli.study:main",
         ]
     },
 )

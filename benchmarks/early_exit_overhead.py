@@ -1,4 +1,5 @@
-"""Part 3 of ``inference_speed.py``: what the early-exit loop costs, at batch 1 and at batch B.
+"""What the early-exit loop costs, at batch 1 and at batch B (part 3 of ``inference_speed.py``
+measures the same on its model).
 
 * Full-depth overhead: the time of ``early_exit`` over the plain full-depth forward when no row
   leaves, for ``entropy:0`` (a policy that can never exit: the loop runs the plain forward) and
@@ -7,7 +8,7 @@
 * Fraction of the layer-count ideal at the thresholds of part 2 (goals: >= 0.95 at batch B,
   >= 0.9 at batch 1).
 
-Medians over ``rounds`` interleaved rounds (``acl_fairseq.cli.sweep.sweep``).
+Medians over ``rounds`` interleaved rounds (``acl_fairseq.early_exit.measure.sweep``).
 
 Run on its own, it prints one table for batch 1 and batch B, short (~20 tokens) and long
 (128 tokens) inputs: the plain forward's time, the ``entropy:1e-30`` overhead and, at entropy
@@ -29,71 +30,32 @@ from typing import Any
 
 import torch
 
-from acl_fairseq.cli import sweep as ees
+import acl_fairseq  # noqa: F401  (registers the plugin)
+from acl_fairseq.early_exit.benchmark import (
+    GOAL_FRACTION,
+    GOAL_FRACTION_BATCHED,
+    GOAL_OVERHEAD,
+    build_fairseq_model,
+    build_hf_model,
+    entropy_for_mean_exit,
+    machine_description,
+    random_bert_batch,
+    single_rows,
+    stagger_exit_heads,
+)
+from acl_fairseq.early_exit.measure import Batch, sweep
+from acl_fairseq.early_exit.thresholds import collect_exits
+from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
 
-HEAD = "sentence_classification_head"
-GOAL_OVERHEAD = 0.03
-GOAL_FRACTION = {1: 0.9}  # per batch size; others: GOAL_FRACTION_BATCHED
-GOAL_FRACTION_BATCHED = 0.95
-NEVER, NOBODY_LEAVES = 0.0, 1e-30
-
-
-def single_rows(batches: Sequence[ees.Batch], pad: int, limit: int) -> list[ees.Batch]:
-    """Up to ``limit`` batches of one row each, trailing padding removed."""
-    out: list[ees.Batch] = []
-    for tokens, target in batches:
-        for row, label in zip(tokens, target):
-            width = int(row.ne(pad).sum())
-            out.append((row[:width].unsqueeze(0), label.view(1)))
-            if len(out) == limit:
-                return out
-    return out
-
-
-def loop_cost(
-    model: Any,
-    batches_by_size: dict[int, Sequence[ees.Batch]],
-    thresholds: Sequence[float],
-    head: str,
-    rounds: int,
-) -> list[str]:
-    """Markdown lines: full-depth overhead and fraction of ideal per batch size."""
-    lines = [
-        "| batch | policy | mean exit layer | layer-count speed-up | wall-clock speed-up | "
-        "overhead / fraction of ideal | goal |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    grid = [NEVER, NOBODY_LEAVES, *thresholds]
-    for size, batches in batches_by_size.items():
-        with torch.inference_mode():
-            rows = ees.sweep(model, batches, "entropy", grid, head, rounds, batch_size=size)
-        for row in rows[1:]:
-            t = row["threshold"]
-            if t in (NEVER, NOBODY_LEAVES):
-                overhead = 1.0 / row["wall_speedup"] - 1.0
-                verdict = "met" if overhead <= GOAL_OVERHEAD else "NOT met"
-                name = "entropy:0 (never exits)" if t == NEVER else "entropy:1e-30 (nobody leaves)"
-                value = f"overhead {100 * overhead:+.1f}%"
-                goal = f"<= {100 * GOAL_OVERHEAD:.0f}%: {verdict}"
-            else:
-                goal_fraction = GOAL_FRACTION.get(size, GOAL_FRACTION_BATCHED)
-                fraction = row["fraction_of_ideal"]
-                verdict = "met" if fraction >= goal_fraction else "NOT met"
-                name, value = f"entropy:{t:.4g}", f"{100 * fraction:.0f}% of ideal"
-                goal = f">= {100 * goal_fraction:.0f}%: {verdict}"
-            lines.append(
-                f"| {size} | {name} | {row['mean_exit_layer']:.2f} | {row['layer_speedup']:.2f} "
-                f"| {row['wall_speedup']:.3f} | {value} | {goal} |"
-            )
-    return lines
+NOBODY_LEAVES = 1e-30
 
 
 # ----------------------------------------------------------------------------- standalone
 
 
 def _config_batches(
-    bench: Any, vocab: list[str], to_fs: torch.Tensor, pad: int, size: int, length: int, rows: int
-) -> list[ees.Batch]:
+    vocab: list[str], to_fs: torch.Tensor, pad: int, size: int, length: int, rows: int
+) -> list[Batch]:
     """Random BERT batches: one of ``size`` rows, or ``rows`` single rows when ``size == 1``.
 
     ``length`` at most 32 gives rows of ``length - 8 .. length + 8`` tokens (padded in a batch,
@@ -102,7 +64,7 @@ def _config_batches(
     short = length <= 32
     longest = length + 8 if short else length
     count = rows if size == 1 else size
-    ids, _ = bench.random_bert_batch(
+    ids, _ = random_bert_batch(
         vocab, count, longest, seed=10 + length, min_length=length - 8 if short else None
     )
     tokens = to_fs[ids]
@@ -114,7 +76,6 @@ def _config_batches(
 
 def overhead_table(
     model: Any,
-    bench: Any,
     vocab: list[str],
     to_fs: torch.Tensor,
     sizes: Sequence[int],
@@ -132,13 +93,13 @@ def overhead_table(
     pad = model.encoder.sentence_encoder.padding_idx
     for size in sizes:
         for length in lengths:
-            batches = _config_batches(bench, vocab, to_fs, pad, size, length, single)
-            logits = bench.exit_logits(model, batches)
+            batches = _config_batches(vocab, to_fs, pad, size, length, single)
+            logits, _ = collect_exits(model, batches, HEAD)
             targets = (2.0, 3.0, 4.0)
-            thresholds = [bench.entropy_for_mean_exit(logits, t) for t in targets]
+            thresholds = [entropy_for_mean_exit(logits, t) for t in targets]
             grid = [NOBODY_LEAVES, *dict.fromkeys(thresholds)]
             with torch.inference_mode():
-                rows = ees.sweep(model, batches, "entropy", grid, HEAD, rounds, batch_size=size)
+                rows = sweep(model, batches, "entropy", grid, HEAD, rounds, batch_size=size)
             tokens = sum(int(t.ne(pad).sum()) for t, _ in batches)
             mean_tokens = tokens / sum(int(t.size(0)) for t, _ in batches)
             plain = f"{rows[0]['full_ms'] * size:.2f}"
@@ -176,16 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     import logging
 
-    import inference_speed as bench  # the sibling script (not at import: it imports this file)
-
     logging.getLogger("fairseq").setLevel(logging.WARNING)
     logging.getLogger("convert_hf_bert").setLevel(logging.ERROR)
     if args.threads:
         torch.set_num_threads(args.threads)
-    hf_args = argparse.Namespace(hf_dir=None, classes=args.classes)
-    hf_model, vocab, special = bench.build_hf_model(hf_args)
+    hf_model, vocab, special = build_hf_model(None, args.classes)
     with tempfile.TemporaryDirectory() as tmp:
-        model, _, bert_to_fairseq = bench.build_fairseq_model(
+        model, _, bert_to_fairseq = build_fairseq_model(
             hf_model, vocab, special, Path(tmp), args.classes
         )
     del hf_model
@@ -193,18 +151,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         head.pooling = args.pooling
     model.exit_pooling = args.pooling
     to_fs = torch.tensor(bert_to_fairseq)
-    calibration, _ = bench.random_bert_batch(vocab, 32, 64, seed=3, min_length=8)
-    bench.stagger_exit_heads(model, to_fs[calibration])
-    print(f"# early-exit loop cost\n\n{bench.machine_description(torch.device('cpu'))}\n")
+    calibration, _ = random_bert_batch(vocab, 32, 64, seed=3, min_length=8)
+    stagger_exit_heads(model, to_fs[calibration])
+    print(f"# early-exit loop cost\n\n{machine_description(torch.device('cpu'))}\n")
     print(
         f"random MiniLM-L6-sized weights, {args.pooling} pooling, staggered exit heads; "
         f"median of {args.rounds} interleaved rounds; batch 1: {args.single_rows} examples\n"
     )
     lengths = [int(v) for v in args.lengths.split(",")]
     sizes = [1] if args.batch == 1 else [1, args.batch]  # --batch 1: batch 1 alone
-    table = overhead_table(
-        model, bench, vocab, to_fs, sizes, lengths, args.rounds, args.single_rows
-    )
+    table = overhead_table(model, vocab, to_fs, sizes, lengths, args.rounds, args.single_rows)
     print("\n".join(table))
     return 0
 

@@ -13,7 +13,7 @@
    --data DATA`` (a trained multi-exit model) the threshold with the largest layer-count
    speed-up whose accuracy on the split is at most 1 point below the full model's is used.
    When the loop falls short of 85% of the ideal, a breakdown of where the time goes is printed.
-3. The loop's own cost at batch 1 and batch 32 (``early_exit_overhead.py``): the full-depth
+3. The loop's own cost at batch 1 and batch 32 (as ``early_exit_overhead.py``): the full-depth
    overhead (no row leaves; goal <= 3%) and the fraction of the ideal at the thresholds of
    part 2 (goals >= 90% at batch 1, >= 95% at batch 32). ``--single-rows N`` batch-1 examples.
 
@@ -28,9 +28,7 @@ interleaved rounds (medians)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import platform
 import statistics
 import sys
 import tempfile
@@ -40,41 +38,35 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-# a sibling file: run as a script, this folder is on the import path
-from early_exit_overhead import loop_cost, single_rows  # noqa: E402
 from torch import Tensor
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
-from acl_fairseq.cli import bert_state as cv
-from acl_fairseq.cli import sweep as ees
-from acl_fairseq.exit_policies import EntropyPolicy, softmax_entropy
+from acl_fairseq.checkpoint.inference import load_for_inference
+from acl_fairseq.data.splits import load_batches
+from acl_fairseq.early_exit.benchmark import (
+    GOAL_FRACTION,
+    GOAL_FRACTION_BATCHED,
+    GOAL_OVERHEAD,
+    build_fairseq_model,
+    build_hf_model,
+    entropy_candidates,
+    entropy_for_mean_exit,
+    machine_description,
+    random_bert_batch,
+    single_rows,
+    stagger_exit_heads,
+)
+from acl_fairseq.early_exit.measure import Batch, sweep
+from acl_fairseq.early_exit.policies import EntropyPolicy
+from acl_fairseq.early_exit.thresholds import collect_exits, simulate_exits
+from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
 
-HEAD = "sentence_classification_head"
 GOAL_THROUGHPUT_RATIO = 1.0
-GOAL_FRACTION = 0.85
+GOAL_FRACTION_AT_B = 0.85  # part 2: batch B, thresholds of mean exit layers 2, 3, 4
+NEVER, NOBODY_LEAVES = 0.0, 1e-30  # part 3: entropy:0 never exits; 1e-30 is evaluated
 
 
 # ----------------------------------------------------------------------------- machine
-
-
-def machine_description(device: torch.device) -> str:
-    """CPU (and GPU) name, thread count and library versions."""
-    import transformers
-
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    text = f"CPU: {cpu}; torch threads: {torch.get_num_threads()}"
-    if device.type == "cuda":
-        text += f"; GPU: {torch.cuda.get_device_name(device)}"
-    return (
-        f"{text}; device: {device.type}; torch {torch.__version__}, "
-        f"transformers {transformers.__version__}"
-    )
 
 
 def _sync(device: torch.device) -> None:
@@ -100,119 +92,6 @@ def interleaved_times(
             _sync(device)
             times[name].append(time.perf_counter() - start)
     return times
-
-
-# ----------------------------------------------------------------------------- models
-
-
-def synthetic_vocab(size: int) -> list[str]:
-    """A BERT-like vocabulary: [PAD], [unused*], [UNK] [CLS] [SEP] [MASK] at 100..103, words."""
-    specials = ["[PAD]"] + [f"[unused{i}]" for i in range(99)]
-    specials += ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    return specials + [f"w{i}" for i in range(size - len(specials))]
-
-
-def build_hf_model(args: argparse.Namespace) -> tuple[Any, list[str], dict[str, str]]:
-    """(BertForSequenceClassification in eval mode, vocab, special tokens)."""
-    import transformers
-
-    torch.manual_seed(0)
-    if args.hf_dir:
-        hf_dir = Path(args.hf_dir)
-        model = transformers.BertForSequenceClassification.from_pretrained(
-            hf_dir, num_labels=args.classes
-        )
-        return model.eval(), cv.read_vocab(hf_dir / "vocab.txt"), cv.read_special_tokens(hf_dir)
-    config = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=384,
-        num_hidden_layers=6,
-        num_attention_heads=12,
-        intermediate_size=1536,
-        max_position_embeddings=512,
-        num_labels=args.classes,
-    )
-    model = transformers.BertForSequenceClassification(config)
-    return model.eval(), synthetic_vocab(config.vocab_size), dict(cv.DEFAULT_SPECIAL_TOKENS)
-
-
-def build_fairseq_model(
-    hf_model: Any, vocab: list[str], special_tokens: dict[str, str], work: Path, classes: int
-) -> tuple[Any, Any, list[int]]:
-    """Convert ``hf_model``'s weights into a ``multi_exit_roberta`` of the same size.
-
-    Returns ``(model in eval mode, task, bert_to_fairseq ids)``. Every LayerNorm gets BERT's
-    eps; the shallow exit heads keep fairseq's random initialisation.
-    """
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    config = hf_model.config.to_dict()
-    spec = cv.arch_from_config(config, source="hf config")
-    mapping = cv.build_vocab_mapping(vocab, special_tokens)
-    state = cv.bert_state_to_fairseq(
-        hf_model.state_dict(), spec, mapping.fairseq_to_bert, classification_head=HEAD
-    )
-    (work / "input0").mkdir(parents=True, exist_ok=True)
-    (work / "label").mkdir(parents=True, exist_ok=True)
-    cv.write_dict(work / "input0" / "dict.txt", mapping)
-    (work / "label" / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(classes)))
-    parser = options.get_training_parser()
-    fs_args = options.parse_args_and_arch(
-        parser,
-        [str(work), "--task", "sentence_prediction", "--criterion", "sentence_prediction"]
-        + ["--num-classes", str(classes), *spec.fairseq_args(arch="multi_exit_roberta")],
-    )
-    cfg = convert_namespace_to_omegaconf(fs_args)
-    task = tasks.setup_task(cfg.task)
-    torch.manual_seed(1)
-    model = task.build_model(cfg.model)
-    model.load_state_dict(state, strict=True, model_cfg=cfg.model)
-    eps = float(config.get("layer_norm_eps", 1e-12))
-    for module in model.modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            module.eps = eps
-    return model.eval(), task, mapping.bert_to_fairseq
-
-
-@torch.no_grad()
-def stagger_exit_heads(model: Any, tokens: Tensor, spread: float = 1.5) -> None:
-    """Make the random shallow exits behave like trained ones, for threshold picking.
-
-    With random weights every row gets nearly the same exit logits, so any threshold sends
-    the whole batch out at one layer. On a calibration batch, each shallow exit's ``out_proj``
-    is rescaled so that its logits vary across rows with std ``spread`` around a margin that
-    grows with depth (class 0 favoured by ``0.6 * layer``); the final exit is left as converted.
-    """
-    outputs = model.exit_outputs(tokens, classification_head_name=HEAD)
-    for out, (layer, head) in zip(outputs[:-1], model.exit_heads(HEAD)[:-1]):
-        mean = out.logits.mean(dim=0)
-        scale = spread / float((out.logits - mean).std(dim=0).mean().clamp(min=1e-6))
-        target = torch.zeros_like(mean)
-        target[0] = 0.6 * layer
-        head.out_proj.weight.mul_(scale)
-        head.out_proj.bias.copy_(scale * (head.out_proj.bias - mean) + target)
-
-
-def random_bert_batch(
-    vocab: list[str], batch: int, length: int, seed: int = 0, min_length: int | None = None
-) -> tuple[Tensor, Tensor]:
-    """BERT ids ``[CLS] words [SEP] [PAD]...`` (B x T) and attention mask; rows have lengths in
-    ``[min_length, length]`` (all ``length`` by default)."""
-    index = {tok: i for i, tok in enumerate(vocab)}
-    words = [i for i, tok in enumerate(vocab) if not (tok.startswith("[") and tok.endswith("]"))]
-    gen = torch.Generator().manual_seed(seed)
-    word_ids = torch.tensor(words)
-    ids = torch.full((batch, length), index["[PAD]"], dtype=torch.long)
-    mask = torch.zeros(batch, length, dtype=torch.long)
-    lengths = torch.randint(min_length or length, length + 1, (batch,), generator=gen)
-    for b, n in enumerate(lengths.tolist()):
-        body = word_ids[torch.randint(len(words), (n - 2,), generator=gen)]
-        ids[b, :n] = torch.cat(
-            [torch.tensor([index["[CLS]"]]), body, torch.tensor([index["[SEP]"]])]
-        )
-        mask[b, :n] = 1
-    return ids, mask
 
 
 # ----------------------------------------------------------------------------- part 1
@@ -246,37 +125,7 @@ def throughput(
     }
 
 
-# ----------------------------------------------------------------------------- part 2
-
-
-def exit_logits(model: Any, batches: Sequence[ees.Batch]) -> list[tuple[int, Tensor]]:
-    """``[(layer, N x K)]`` of every exit over all batches (one ``exit_outputs`` pass)."""
-    per_layer: dict[int, list[Tensor]] = {}
-    with torch.no_grad():
-        for tokens, _ in batches:
-            for out in model.exit_outputs(tokens, classification_head_name=HEAD):
-                per_layer.setdefault(out.layer, []).append(out.logits.float())
-    return [(layer, torch.cat(chunks)) for layer, chunks in sorted(per_layer.items())]
-
-
-def _entropy_candidates(logits: list[tuple[int, Tensor]], limit: int = 2000) -> list[float]:
-    """0 and thresholds just above the shallow exits' entropies (at most ``limit`` of them)."""
-    values = torch.cat([softmax_entropy(x) for _, x in logits[:-1]]).unique()
-    if values.numel() > limit:
-        values = values.quantile(torch.linspace(0, 1, limit, dtype=values.dtype))
-    return [0.0] + (values + 1e-6).tolist()
-
-
-def entropy_for_mean_exit(logits: list[tuple[int, Tensor]], target: float) -> float:
-    """The entropy threshold whose mean exit layer is closest to ``target``."""
-    candidates = _entropy_candidates(logits)
-    best, best_gap = 0.0, float("inf")
-    for threshold in candidates:
-        layers, _ = ees.simulate_exits(logits, EntropyPolicy(threshold))
-        gap = abs(float(layers.float().mean()) - target)
-        if gap < best_gap:
-            best, best_gap = threshold, gap
-    return best
+# ----------------------------------------------------------------------------- part 2 and 3
 
 
 def entropy_within_accuracy(
@@ -285,10 +134,10 @@ def entropy_within_accuracy(
     """The entropy threshold with the lowest mean exit layer whose accuracy (%) is at most
     ``max_drop`` points below the final exit's."""
     full_acc = 100.0 * float(logits[-1][1].argmax(-1).eq(targets).float().mean())
-    candidates = _entropy_candidates(logits)
+    candidates = entropy_candidates(logits)
     best, best_layer = 0.0, float(logits[-1][0])
     for threshold in candidates:
-        layers, preds = ees.simulate_exits(logits, EntropyPolicy(threshold))
+        layers, preds = simulate_exits(logits, EntropyPolicy(threshold))
         acc = 100.0 * float(preds.eq(targets).float().mean())
         mean_layer = float(layers.float().mean())
         if acc >= full_acc - max_drop and mean_layer < best_layer:
@@ -296,10 +145,49 @@ def entropy_within_accuracy(
     return best
 
 
+def loop_cost(
+    model: Any,
+    batches_by_size: dict[int, Sequence[Batch]],
+    thresholds: Sequence[float],
+    head: str,
+    rounds: int,
+) -> list[str]:
+    """Markdown lines: full-depth overhead and fraction of ideal per batch size."""
+    lines = [
+        "| batch | policy | mean exit layer | layer-count speed-up | wall-clock speed-up | "
+        "overhead / fraction of ideal | goal |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    grid = [NEVER, NOBODY_LEAVES, *thresholds]
+    for size, batches in batches_by_size.items():
+        with torch.inference_mode():
+            rows = sweep(model, batches, "entropy", grid, head, rounds, batch_size=size)
+        for row in rows[1:]:
+            t = row["threshold"]
+            if t in (NEVER, NOBODY_LEAVES):
+                overhead = 1.0 / row["wall_speedup"] - 1.0
+                verdict = "met" if overhead <= GOAL_OVERHEAD else "NOT met"
+                name = "entropy:0 (never exits)" if t == NEVER else "entropy:1e-30 (nobody leaves)"
+                value = f"overhead {100 * overhead:+.1f}%"
+                goal = f"<= {100 * GOAL_OVERHEAD:.0f}%: {verdict}"
+            else:
+                goal_fraction = GOAL_FRACTION.get(size, GOAL_FRACTION_BATCHED)
+                fraction = row["fraction_of_ideal"]
+                verdict = "met" if fraction >= goal_fraction else "NOT met"
+                name, value = f"entropy:{t:.4g}", f"{100 * fraction:.0f}% of ideal"
+                goal = f">= {100 * goal_fraction:.0f}%: {verdict}"
+            lines.append(
+                f"| {size} | {name} | {row['mean_exit_layer']:.2f} | {row['layer_speedup']:.2f} "
+                f"| {row['wall_speedup']:.3f} | {value} | {goal} |"
+            )
+    return lines
+
+
 def time_breakdown(model: Any, tokens: Tensor, threshold: float, rounds: int) -> list[str]:
-    """Where ``early_exit`` spends its time: encoder layers, exit heads, the rest (embedding,
-    policy, row removal, Python), from forward hooks; how the per-row cost of a layer grows
-    when fewer rows run; and the top operators of a profile."""
+    """Where ``early_exit`` spends its time: encoder layers, exit heads (their dense and
+    out_proj layers), the rest (embedding, policy, row removal, Python), from forward hooks;
+    how the per-row cost of a layer grows when fewer rows run; and the top operators of a
+    profile."""
     device = tokens.device
     spent = {"layers": 0.0, "heads": 0.0}
     starts: dict[int, float] = {}
@@ -327,8 +215,12 @@ def time_breakdown(model: Any, tokens: Tensor, threshold: float, rounds: int) ->
             layer.register_forward_pre_hook(pre),
             layer.register_forward_hook(post("layers")),
         ]
-    for _, head in model.exit_heads(HEAD):
-        handles += [head.register_forward_pre_hook(pre), head.register_forward_hook(post("heads"))]
+    for _, head in model.exit_heads(HEAD):  # the loop calls pool + classify, not forward
+        for part in (head.dense, head.out_proj):
+            handles += [
+                part.register_forward_pre_hook(pre),
+                part.register_forward_hook(post("heads")),
+            ]
     policy = EntropyPolicy(threshold)
     lines = []
     try:
@@ -432,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# inference speed\n\n{machine_description(device)}\n")
 
     # ---- part 1: full depth, fairseq multi-exit vs Hugging Face on the same weights
-    hf_model, vocab, special_tokens = build_hf_model(args)
+    hf_model, vocab, special_tokens = build_hf_model(args.hf_dir, args.classes)
     with tempfile.TemporaryDirectory() as tmp:
         fs_model, _, bert_to_fairseq = build_fairseq_model(
             hf_model, vocab, special_tokens, Path(tmp), args.classes
@@ -475,10 +367,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ---- part 2: early exit at batch 32
     print(f"## 2. Early exit (entropy policy), batch {args.batch}\n")
     if args.checkpoint:
-        model, task = ees.load_checkpoint(args.checkpoint, args.data, device)
-        batches = ees.load_batches(task, args.split, args.batch, args.max_examples, device)
-        logits = exit_logits(model, batches)
-        targets = torch.cat([t for _, t in batches])
+        model, task, _ = load_for_inference(args.checkpoint, args.data, device, multi_exit=True)
+        batches = load_batches(task, args.split, args.batch, args.max_examples, device)
+        logits, targets = collect_exits(model, batches, HEAD)
         chosen = entropy_within_accuracy(logits, targets, max_drop=1.0)
         print(
             f"model: {args.checkpoint}; split {args.split} ({targets.numel()} examples); "
@@ -494,14 +385,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         stagger_exit_heads(model, to_fs[calibration].to(device))
         tokens = fs_ids
         batches = [(tokens, torch.zeros(tokens.size(0), dtype=torch.long, device=device))]
-        logits = exit_logits(model, batches)
+        logits, _ = collect_exits(model, batches, HEAD)
         print(
             "random weights: accuracy is meaningless; entropy thresholds chosen for mean exit "
             f"layers ~2, 3, 4 of {model.num_layers} on the benchmark batch\n"
         )
         thresholds = [entropy_for_mean_exit(logits, t) for t in (2.0, 3.0, 4.0)]
     thresholds = list(dict.fromkeys(thresholds))
-    rows = ees.sweep(model, batches, "entropy", thresholds, HEAD, args.rounds, args.batch)
+    rows = sweep(model, batches, "entropy", thresholds, HEAD, args.rounds, args.batch)
     show_acc = bool(args.checkpoint)
     header = ["threshold", "mean exit layer", "exit share by layer"]
     header += ["accuracy %"] if show_acc else []
@@ -527,12 +418,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_fmt_row(cells))
     early_rows = rows[1:]
     worst = min(early_rows, key=lambda r: r["fraction_of_ideal"])
-    verdict = "met" if worst["fraction_of_ideal"] >= GOAL_FRACTION else "NOT met"
+    verdict = "met" if worst["fraction_of_ideal"] >= GOAL_FRACTION_AT_B else "NOT met"
     print(
-        f"\ngoal fraction of ideal >= {100 * GOAL_FRACTION:.0f}%: {verdict} "
+        f"\ngoal fraction of ideal >= {100 * GOAL_FRACTION_AT_B:.0f}%: {verdict} "
         f"(lowest: {100 * worst['fraction_of_ideal']:.0f}% at threshold {worst['threshold']:.4g})"
     )
-    if worst["fraction_of_ideal"] < GOAL_FRACTION or args.profile:
+    if worst["fraction_of_ideal"] < GOAL_FRACTION_AT_B or args.profile:
         print("\n### Where the time goes (threshold of the lowest fraction)\n")
         for line in time_breakdown(model, batches[0][0], worst["threshold"], args.rounds):
             print(f"- {line}")

@@ -2,11 +2,13 @@
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from acl_fairseq.cli.fairseq_log import json_records  # noqa: F401  (used by the tests)
+from acl_fairseq import recipe
+from acl_fairseq.fairseq_log import json_records  # noqa: F401  (used by the tests)
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -101,6 +103,27 @@ def make_dataset(
     return preprocess(raw, root / "bin", pair)
 
 
+def make_dataset_with_test(root: Path, sizes: tuple[int, int, int] = (64, 32, 32)) -> Path:
+    """train / valid (dev) / test of ``sizes`` examples, binarized in the sentence_prediction
+    layout under ``root/bin``."""
+    raw = root / "raw"
+    raw.mkdir(parents=True)
+    for (split, seed), n in zip((("train", 0), ("valid", 1), ("test", 2)), sizes):
+        write_sentiment_split(raw / split, n, seed)
+    dest = root / "bin"
+    for field in ("input0", "label"):
+        run(
+            [
+                str(BIN / "fairseq-preprocess"), "--only-source",
+                "--trainpref", str(raw / f"train.{field}"),
+                "--validpref", str(raw / f"valid.{field}"),
+                "--testpref", str(raw / f"test.{field}"),
+                "--destdir", str(dest / field), "--workers", "1",
+            ]
+        )  # fmt: skip
+    return dest
+
+
 def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
     """Runs a command; on failure raises with the tail of its output."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
@@ -115,31 +138,68 @@ def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
 
 
 def train_command(data: Path, save_dir: Path, *args: str) -> list[str]:
-    """The ``fairseq-train`` command line of :func:`fairseq_train`."""
-    return [
-        str(BIN / "fairseq-train"),
-        str(data),
-        "--user-dir",
-        USER_DIR,
-        "--save-dir",
-        str(save_dir),
-        "--cpu",
-        "--num-workers",
-        "0",
-        "--log-format",
-        "json",
-        "--log-interval",
-        "1",
-        "--init-token",
-        "0",
-        "--num-classes",
-        "2",
-        *args,
-    ]
+    """The ``fairseq-train`` command line of :func:`fairseq_train`: the recipe's builder with a
+    test run's settings (CPU, a JSON log line per update, 2 classes), then ``args``."""
+    return recipe.train_command(
+        data,
+        save_dir,
+        task=None,
+        num_classes=2,
+        cpu=True,
+        num_workers=0,
+        log_format="json",
+        log_interval=1,
+        extra=args,
+        fairseq_train=BIN / "fairseq-train",
+        user_dir=USER_DIR,
+    )
 
 
 def fairseq_train(data: Path, save_dir: Path, *args: str, env: dict | None = None) -> str:
     return run(train_command(data, save_dir, *args), env=env)
+
+
+def fails_with(data: Path, save_dir: Path, *args: str, message: str) -> str:
+    """Runs fairseq-train, expects it to fail with ``message`` (a plain string) in its output;
+    returns the output."""
+    import pytest
+
+    with pytest.raises(AssertionError, match=r"command failed") as info:
+        fairseq_train(data, save_dir, *args)
+    out = str(info.value)
+    assert message in out, out[-3000:]
+    return out
+
+
+def trained_updates(out: str) -> list[int]:
+    """The update counts of fairseq's JSON log records (none: no update was made)."""
+    return [int(r["num_updates"]) for r in json_records(out) if "num_updates" in r]
+
+
+def copy_data(src: Path, dst: Path, keep: tuple[str, ...] = ("input0", "label")) -> Path:
+    """``dst`` with copies of the ``keep`` folders of the binarized dataset ``src``."""
+    for key in keep:
+        shutil.copytree(src / key, dst / key)
+    return dst
+
+
+def binarize(lines: list[str], dictionary, prefix: Path) -> None:
+    """Writes lines as fairseq-preprocess would (mmap, </s> appended), with a fixed dict."""
+    from fairseq.data import indexed_dataset
+
+    builder = indexed_dataset.make_builder(f"{prefix}.bin", "mmap", vocab_size=len(dictionary))
+    for line in lines:
+        builder.add_item(dictionary.encode_line(line, add_if_not_exist=False, append_eos=True))
+    builder.finalize(f"{prefix}.idx")
+
+
+def raw_lines(data: Path, key: str, split: str) -> list[str]:
+    """The text lines of a binarized split (``data/key/split``)."""
+    from fairseq.data import Dictionary, indexed_dataset
+
+    d = Dictionary.load(str(data / key / "dict.txt"))
+    ds = indexed_dataset.make_dataset(str(data / key / split), impl="mmap")
+    return [d.string(ds[i][:-1]) for i in range(len(ds))]
 
 
 LAUNCHER = REPO / "scripts" / "launch_cpu_workers.sh"
@@ -178,6 +238,39 @@ def fairseq_validate(data: Path, checkpoint: Path, *args: str) -> str:
         *args,
     ]
     return run(cmd)
+
+
+def write_tsv(path: Path, n: int, seed: int, pair: bool = False) -> list[list[str]]:
+    """``n`` labelled rows (text[, text2], label) of a learnable sentiment task, as TSV."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        label = rng.randint(0, 1)
+        strong = POSITIVE if label else NEGATIVE
+        words = [rng.choice(strong) for _ in range(3)] + rng.sample(NEUTRAL, rng.randint(2, 9))
+        rng.shuffle(words)
+        text = " ".join(words).capitalize() + "."
+        row = [text, " ".join(rng.sample(NEUTRAL, 3))] if pair else [text]
+        rows.append(row + ["pos" if label else "neg"])
+    path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+    return rows
+
+
+def prepare_tsv_task(root: Path, pair: bool = False) -> tuple[Path, list[list[str]]]:
+    """A prepared (sentencepiece) custom task in ``root/out/sst-bin``; returns the test rows."""
+    root.mkdir(parents=True, exist_ok=True)
+    write_tsv(root / "train.tsv", 160, 0, pair)
+    write_tsv(root / "valid.tsv", 40, 1, pair)
+    test_rows = write_tsv(root / "test.tsv", 37, 2, pair)
+    argv = ["--task", "custom", "--name", "sst", "--train", root / "train.tsv",
+            "--valid", root / "valid.tsv", "--test", root / "test.tsv",
+            "--text-columns", "1,2" if pair else "1", "--label-column", "3" if pair else "2",
+            "--out-dir", root / "out", "--tokenizer", "sentencepiece",
+            "--spm-vocab-size", "120", "--workers", "1"]  # fmt: skip
+    from acl_fairseq.cli.prepare import main as prepare_main
+
+    assert prepare_main([str(a) for a in argv]) == 0
+    return root / "out" / "sst-bin", test_rows
 
 
 PATCHED_TRAIN = REPO / "tests" / "patched_fairseq_train.py"

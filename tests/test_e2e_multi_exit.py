@@ -1,5 +1,8 @@
 """Two-stage multi-exit training through the real CLIs, per-exit validation, early exit."""
 
+import struct
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -70,3 +73,45 @@ def test_two_stage_acl_then_acl_cl(sentiment_data, tmp_path):
     always = hub.predict_early_exit("sentence_classification_head", tokens, "maxprob:0.0")
     assert always.exit_layers.tolist() == [1]
     assert torch.allclose(always.logits, full[1], atol=1e-5)
+
+
+def scalar_tags(folder: Path) -> set[str]:
+    """The scalar tags in the TensorBoard event files of ``folder`` (TFRecord framing:
+    u64 length, u32 crc, an Event message, u32 crc)."""
+    from tensorboardX.proto import event_pb2
+
+    tags = set()
+    for path in folder.glob("events.out.tfevents.*"):
+        data, i = path.read_bytes(), 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i : i + 8])
+            event = event_pb2.Event()
+            event.ParseFromString(data[i + 12 : i + 12 + n])
+            tags |= {v.tag for v in event.summary.value if v.HasField("simple_value")}
+            i += 12 + n + 4
+    return tags
+
+
+@pytest.mark.slow
+def test_tensorboard_logdir_writes_the_acl_scalars(sentiment_data, tmp_path):
+    logdir = tmp_path / "tb"
+    fairseq_train(
+        sentiment_data,
+        tmp_path / "ck",
+        *train_args(task=None, max_update=2),
+        "--arch",
+        "multi_exit_roberta_tiny",
+        "--encoder-layers",
+        "2",
+        "--task",
+        "acl_sentence_prediction",
+        "--criterion",
+        "acl_cross_layer",
+        "--no-save",
+        "--tensorboard-logdir",
+        str(logdir),
+    )
+    per_exit = {"accuracy_exit1", "accuracy_exit2"}
+    acl = {"acl_grad_angle", "acl_grad_drop", "ce_loss", "contrastive_loss"}
+    assert acl | per_exit | {"loss", "accuracy"} <= scalar_tags(logdir / "train_inner")
+    assert per_exit | {"ce_loss", "contrastive_loss"} <= scalar_tags(logdir / "valid")

@@ -127,9 +127,9 @@ def test_import_twice_registers_once():
 
     import acl_fairseq
 
-    importlib.reload(acl_fairseq.checkpoint_loading)
-    acl_fairseq.checkpoint_loading.install()
-    acl_fairseq.checkpoint_loading.install()
+    importlib.reload(acl_fairseq.checkpoint.safe_loading)
+    acl_fairseq.checkpoint.safe_loading.install()
+    acl_fairseq.checkpoint.safe_loading.install()
     import acl_fairseq.criterions  # noqa: F401  (second import is a no-op)
 
     assert {"acl_embed", "ce_scl"} <= set(CRITERION_REGISTRY)
@@ -138,10 +138,33 @@ def test_import_twice_registers_once():
 
 def test_a_bad_flag_fails_through_the_command_line_before_training(sentiment_data, tmp_path):
     """One case through fairseq-train itself; every flag check has an in-process test in
-    tests/test_bad_input.py."""
+    tests/test_criterion_settings.py."""
     with pytest.raises(AssertionError, match="--acl-grad-threshold is an angle") as failure:
         fairseq_train(
             sentiment_data, tmp_path, *TRAIN, "--criterion", "acl_embed",
             "--acl-grad-threshold", "200",
         )  # fmt: skip
     assert "begin training epoch" not in str(failure.value)
+
+
+STOCK_CE = ["--task", "sentence_prediction", "--criterion", "sentence_prediction"]
+ACL_CE = ["--task", "acl_sentence_prediction", "--criterion", "sentence_prediction"]
+
+
+@pytest.mark.slow
+def test_ce_trains_the_same_on_the_plugins_task(sentiment_data, tmp_path):
+    """The task runs fairseq's own train_step for a criterion without loss terms: the same
+    losses, update by update, as fairseq's sentence_prediction task."""
+    args = [*train_args(task=None), "--max-update", "4", "--dropout", "0.1", "--no-save"]
+    stock = fairseq_train(sentiment_data, tmp_path / "stock", *args, *STOCK_CE)
+    plugin = fairseq_train(sentiment_data, tmp_path / "plugin", *args, *ACL_CE)
+
+    def losses(out):
+        return [
+            (r["num_updates"], r["loss"], r["accuracy"])
+            for r in json_records(out)
+            if "num_updates" in r and "epoch" in r
+        ]
+
+    assert len(losses(stock)) == 4
+    assert losses(plugin) == losses(stock)

@@ -11,9 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from acl_fairseq.cli import sweep as ees
-from acl_fairseq.exit_policies import ExitPolicy
-from acl_fairseq.models.multi_exit_roberta import EarlyExitResult
+from acl_fairseq.checkpoint.inference import load_for_inference
+from acl_fairseq.cli.sweep import main as sweep_main
+from acl_fairseq.data.splits import load_batches
+from acl_fairseq.early_exit.measure import sweep
+from acl_fairseq.early_exit.policies import EntropyPolicy, ExitPolicy, make_policy
+from acl_fairseq.early_exit.table import COLUMNS, format_markdown, read_sweep, write_table
+from acl_fairseq.early_exit.thresholds import (
+    TargetError,
+    choose_row,
+    collect_exits,
+    exit_accuracies,
+    oracle_rows,
+    quantile_thresholds,
+    simulate_exits,
+)
+from acl_fairseq.models.types import EarlyExitResult
 
 from fairseq_helpers import BIN, TINY_MULTI_EXIT, fairseq_train, run, train_args
 
@@ -90,7 +103,7 @@ def one_thread():
 def test_sweep_table_maths_on_fake_model(tmp_path: Path, one_thread) -> None:
     batches, rows = _fake_batches()
     exit_at, label, target = rows.unbind(1)
-    table = ees.sweep(FakeMultiExit(), batches, "entropy", [0.0, 0.5, math.inf], repeats=3)
+    table = sweep(FakeMultiExit(), batches, "entropy", [0.0, 0.5, math.inf], repeats=3)
     assert [r["policy"] for r in table] == ["none", "entropy", "entropy", "entropy"]
     assert all(r["batch_size"] == 8 and r["examples"] == 24 for r in table)
     full, never, half, always = table
@@ -117,35 +130,17 @@ def test_sweep_table_maths_on_fake_model(tmp_path: Path, one_thread) -> None:
         assert row["wall_speedup"] > 0 and row["early_ms"] > 0
 
     tsv, csv_path = tmp_path / "t.tsv", tmp_path / "sub" / "t.csv"
-    ees.write_table(table, tsv)
-    ees.write_table(table, csv_path)
+    write_table(table, tsv)
+    write_table(table, csv_path)
     with open(tsv) as f:
         written = list(csv.DictReader(f, delimiter="\t"))
     with open(csv_path) as f:
         assert list(csv.DictReader(f)) == written
-    assert list(written[0]) == list(ees.COLUMNS) and len(written) == 4
+    assert list(written[0]) == list(COLUMNS) and len(written) == 4
     assert written[0]["threshold"] == "" and written[3]["threshold"] == "inf"
     assert float(written[2]["layer_speedup"]) == pytest.approx(half["layer_speedup"], rel=1e-5)
-    markdown = ees.format_markdown(table).splitlines()
+    markdown = format_markdown(table).splitlines()
     assert len(markdown) == 2 + 4 and markdown[0].startswith("| batch | policy | threshold |")
-
-
-def test_default_thresholds_and_policies() -> None:
-    entropy = ees.default_thresholds("entropy", 2, 3)
-    assert (
-        len(entropy) == 11
-        and entropy[0] == 0
-        and entropy[-1] == pytest.approx(math.log(2), abs=1e-4)
-    )
-    maxprob = ees.default_thresholds("maxprob", 2, 3)
-    assert maxprob[0] == 1.0 and maxprob[-1] == 0.5 and len(maxprob) == 11
-    assert ees.default_thresholds("maxprob", 4, 3)[-1] == 0.25
-    assert ees.default_thresholds("patience", 2, 5) == [5, 4, 3, 2, 1, 0]
-    assert ees.make_policy("patience", 2.0).patience == 2
-    with pytest.raises(ValueError, match="integer"):
-        ees.make_policy("patience", 1.5)
-    with pytest.raises(ValueError, match="unknown"):
-        ees.default_thresholds("oracle", 2, 3)
 
 
 def test_simulate_exits() -> None:
@@ -155,11 +150,11 @@ def test_simulate_exits() -> None:
         (3, torch.tensor([unsure, [9.0, 0.0], unsure])),
         (6, torch.tensor([unsure, unsure, [0.0, 0.2]])),
     ]
-    layers, preds = ees.simulate_exits(logits, ees.make_policy("entropy", 0.3))
+    layers, preds = simulate_exits(logits, make_policy("entropy", 0.3))
     assert layers.tolist() == [1, 3, 6] and preds.tolist() == [1, 0, 1]
-    layers, _ = ees.simulate_exits(logits, ees.make_policy("entropy", 0.0))
+    layers, _ = simulate_exits(logits, make_policy("entropy", 0.0))
     assert layers.tolist() == [6, 6, 6]
-    layers, preds = ees.simulate_exits(logits, ees.make_policy("patience", 1))
+    layers, preds = simulate_exits(logits, make_policy("patience", 1))
     assert layers.tolist() == [3, 6, 3] and preds.tolist() == [1, 1, 1]
 
 
@@ -188,7 +183,7 @@ def test_bad_thresholds_stop_before_loading(tmp_path, capsys, policy, thresholds
     data = _data_dir(tmp_path / "data")
     argv = ["no-such-checkpoint.pt", str(data), "--policy", policy, "--thresholds", thresholds]
     with pytest.raises(SystemExit) as exc:
-        ees.main(argv)
+        sweep_main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -196,22 +191,22 @@ def test_bad_thresholds_stop_before_loading(tmp_path, capsys, policy, thresholds
 def test_missing_split_and_checkpoint_name_the_sweeps_flags(tmp_path, capsys) -> None:
     data = _data_dir(tmp_path / "data", ("valid", "test"))
     with pytest.raises(SystemExit):
-        ees.main(["ckpt.pt", str(data), "--split", "dev"])
+        sweep_main(["ckpt.pt", str(data), "--split", "dev"])
     err = capsys.readouterr().err
     assert f"--split dev: {data}/input0/dev.bin/.idx not found (splits there: test, valid); " in err
     assert "pick one with --split" in err and "--valid-subset" not in err
     with pytest.raises(SystemExit):
-        ees.main(["ckpt.pt", str(tmp_path / "nowhere")])
+        sweep_main(["ckpt.pt", str(tmp_path / "nowhere")])
     assert "no input0/ folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        ees.main(["ckpt.pt", str(data), "--policy", "maxprob", "--thresholds", "0,1"])
+        sweep_main(["ckpt.pt", str(data), "--policy", "maxprob", "--thresholds", "0,1"])
     assert "--checkpoint ckpt.pt: no such file" in capsys.readouterr().err
 
 
 def test_sweep_reports_progress_per_configuration(one_thread) -> None:
     batches, _ = _fake_batches()
     lines: list[str] = []
-    ees.sweep(FakeMultiExit(), batches, "entropy", [0.0, 0.5], repeats=2, progress=lines.append)
+    sweep(FakeMultiExit(), batches, "entropy", [0.0, 0.5], repeats=2, progress=lines.append)
     assert len(lines) == 1 + 2 + 2  # full depth, each threshold, each timed round
     assert lines[0].startswith("batch ") and "full depth: accuracy" in lines[0]
     assert "entropy 0.5 (2/2): accuracy" in lines[2] and "mean exit layer" in lines[2]
@@ -278,7 +273,7 @@ def test_sweep_on_trained_checkpoint(
     assert rows[0]["accuracy"] == rows[4]["accuracy"]
 
     # in process (importable main): patience, CSV; patience 3 = never, 0 = first exit
-    assert ees.main(
+    assert sweep_main(
         [
             str(ckpt), str(sentiment_data), "--policy", "patience", "--thresholds", "3,0",
             "--batch-sizes", "8", "--max-examples", "40", "--repeats", "1", "--cpu",
@@ -292,10 +287,10 @@ def test_sweep_on_trained_checkpoint(
     assert float(first["mean_exit_layer"]) == 1.0 and float(first["layer_speedup"]) == 4.0
 
     # the first exit's accuracy is the layer-score curve's layer 1
-    model, task = ees.load_checkpoint(ckpt, sentiment_data)
-    batches = ees.load_batches(task, "valid", 8, 40)
+    model, task, _ = load_for_inference(ckpt, sentiment_data, multi_exit=True)
+    batches = load_batches(task, "valid", 8, 40)
     assert sum(t.numel() for _, t in batches) == 40
-    scores = ees.layer_scores(model, batches)
+    scores = exit_accuracies(*collect_exits(model, batches, HEAD))
     assert list(scores) == [1, 2, 3, 4]
     assert float(first["accuracy"]) == pytest.approx(scores[1], abs=1e-3)
     assert float(full["accuracy"]) == pytest.approx(scores[4], abs=1e-3)
@@ -303,9 +298,9 @@ def test_sweep_on_trained_checkpoint(
     for tokens, _ in batches:
         logits = [(o.layer, o.logits) for o in model.exit_outputs(tokens)]
         for kind, threshold in [("entropy", 0.68), ("maxprob", 0.55), ("patience", 1)]:
-            policy = ees.make_policy(kind, threshold)
+            policy = make_policy(kind, threshold)
             result = model.early_exit(tokens, policy)
-            layers, preds = ees.simulate_exits(logits, policy)
+            layers, preds = simulate_exits(logits, policy)
             assert torch.equal(layers, result.exit_layers), (kind, layers, result.exit_layers)
             assert torch.equal(preds, result.predictions), kind
 
@@ -329,14 +324,11 @@ def _constructed_exits(
 
 @pytest.mark.parametrize("kind", ["entropy", "maxprob"])
 def test_quantile_thresholds_spread_the_mean_exit_layer(kind: str) -> None:
-    from acl_fairseq.exit_curve import quantile_thresholds
-
     exits, _ = _constructed_exits()
     thresholds = quantile_thresholds(exits, kind, 10)
     assert len(thresholds) == 10 and len(set(thresholds)) == 10
     means = [
-        float(ees.simulate_exits(exits, ees.make_policy(kind, t))[0].double().mean())
-        for t in thresholds
+        float(simulate_exits(exits, make_policy(kind, t))[0].double().mean()) for t in thresholds
     ]
     assert all(a > b for a, b in zip(means, means[1:])), means  # monotone
     assert means[-1] == 1.0 and means[0] > 5.0  # covers the range 6 -> 1
@@ -347,8 +339,6 @@ def test_quantile_thresholds_spread_the_mean_exit_layer(kind: str) -> None:
 
 
 def test_oracle_rows_equal_a_naive_loop() -> None:
-    from acl_fairseq.cli.sweep_curve import oracle_rows
-
     exits, target = _constructed_exits(n=60, seed=3)
     final = exits[-1][1].argmax(-1)
     rows = oracle_rows(exits, target, batch_size=8)
@@ -385,8 +375,6 @@ TABLE = [
 
 
 def test_choose_row_for_a_target() -> None:
-    from acl_fairseq.exit_curve import TargetError, choose_row
-
     assert choose_row(TABLE, max_accuracy_drop=0.5)["threshold"] == 0.2
     assert choose_row(TABLE, max_accuracy_drop=0.0)["threshold"] == 0.1
     assert choose_row(TABLE, max_accuracy_drop=2.0)["threshold"] == 0.3
@@ -413,24 +401,52 @@ def test_sweep_target_flag_errors(tmp_path: Path, capsys) -> None:
         (["--thresholds", "quantiles:0"], "quantiles:N with an integer N >= 1"),
     ]:
         with pytest.raises(SystemExit) as e:
-            ees.main([str(ckpt), str(data), *flags])
+            sweep_main([str(ckpt), str(data), *flags])
         assert e.value.code == 2
         assert message in capsys.readouterr().err, flags
 
 
 def test_policy_file_round_trip_and_errors(tmp_path: Path) -> None:
-    from acl_fairseq.exit_policy_file import POLICY_FILE, read_policy, write_policy
+    from acl_fairseq.early_exit.saved_policy import POLICY_FILE, read_policy, write_policy
 
     ckpt = tmp_path / "checkpoint_best.pt"
     ckpt.write_bytes(b"")
     assert read_policy(ckpt) is None
-    path = write_policy(ckpt, "entropy:0.25", split="valid", accuracy=90.0)
+    path = write_policy(ckpt, EntropyPolicy(0.25), split="valid", accuracy=90.0)
     assert path == tmp_path / POLICY_FILE
     saved = read_policy(ckpt)
-    assert saved.policy == "entropy:0.25" and saved["checkpoint"] == ckpt.name
-    assert saved["split"] == "valid"
-    with pytest.raises(ValueError, match="threshold must be a number"):
-        write_policy(ckpt, "entropy:x")
+    assert saved.policy == EntropyPolicy(0.25) and saved.path == path
+    assert saved.fields == {"split": "valid", "accuracy": 90.0, "checkpoint": ckpt.name}
+    assert read_policy(tmp_path) == saved  # the checkpoint's folder names the same file
+    path.write_text('{"policy": "entropy:x"}', encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{POLICY_FILE}: bad exit policy 'entropy:x'"):
+        read_policy(ckpt)
     path.write_text("{not json", encoding="utf-8")
     with pytest.raises(ValueError, match=f"{POLICY_FILE}: not valid JSON"):
         read_policy(ckpt)
+
+
+def test_early_exit_sweep_tables_are_readable(tmp_path):
+    """The table acl-fairseq-sweep writes (TSV and CSV) is what acl-fairseq-plots reads."""
+
+    row = {
+        "batch_size": 1,
+        "policy": "entropy",
+        "threshold": 0.2,
+        "examples": 10,
+        "accuracy": 80.0,
+        "mean_exit_layer": 3.5,
+        "layer_speedup": 6 / 3.5,
+        "full_ms": 2.0,
+        "early_ms": 1.5,
+        "wall_speedup": 1.33,
+        "fraction_of_ideal": 0.78,
+        "exit_share": {3: 0.5, 4: 0.5},
+    }
+    full = {**row, "policy": "none", "threshold": None, "layer_speedup": 1.0, "wall_speedup": 1.0}
+    for name in ("sweep.tsv", "sweep.csv"):
+        write_table([full, row], tmp_path / name)
+        rows = read_sweep(tmp_path / name)
+        assert [r["policy"] for r in rows] == ["none", "entropy"]
+        assert rows[1]["wall_speedup"] == pytest.approx(1.33)
+        assert rows[1]["layer_speedup"] == pytest.approx(6 / 3.5, rel=1e-5)

@@ -1,16 +1,17 @@
-"""Exit policies: decisions on hand-made logits, patience state, parsing."""
+"""Exit policies: decisions on hand-made logits, patience state, the registry, parsing."""
 
 import math
 
 import pytest
 import torch
 
-from acl_fairseq.exit_policies import (
+from acl_fairseq.early_exit.policies import (
+    POLICIES,
     EntropyPolicy,
-    ExitPolicy,
     MaxProbPolicy,
     PatiencePolicy,
     as_policy,
+    make_policy,
     parse_policy,
     softmax_entropy,
 )
@@ -37,7 +38,6 @@ def test_softmax_entropy_matches_independent_values():
     got = softmax_entropy(LOGITS)
     assert got.dtype == torch.float32 and got.shape == (4,)
     assert torch.allclose(got, torch.tensor(ENTROPIES), atol=1e-6)
-    assert (got >= 0).all()
 
 
 @pytest.mark.parametrize(
@@ -67,7 +67,7 @@ def test_entropy_policy(threshold, expected):
         (0.5, [False, True, True, True]),  # max prob 0.5 >= 0.5
         (0.8 - 1e-6, [False, True, True, False]),
         (0.9, [False, False, True, False]),
-        (1.01, [False, False, False, False]),  # above 1: never exits
+        (1.0, [False, False, True, False]),  # softmax of [100, 0, 0] is 1.0 in float32
     ],
 )
 def test_maxprob_policy(threshold, expected):
@@ -129,11 +129,59 @@ def test_patience_zero_exits_at_first_exit():
     assert mask.tolist() == [True, True]
 
 
-def test_policies_are_exit_policies_and_immutable():
+def test_policies_are_immutable():
     for policy in (EntropyPolicy(0.1), MaxProbPolicy(0.9), PatiencePolicy(1)):
-        assert isinstance(policy, ExitPolicy)
         with pytest.raises(AttributeError):
             policy.threshold = 0.5  # frozen dataclass
+
+
+def test_the_registry_round_trips_every_kind_through_its_string_form():
+    assert list(POLICIES) == ["entropy", "maxprob", "patience"]
+    for policy in (
+        EntropyPolicy(0.1),
+        EntropyPolicy(math.inf),
+        EntropyPolicy(1 / 3),
+        MaxProbPolicy(0.9),
+        MaxProbPolicy(0.0),
+        PatiencePolicy(0),
+        PatiencePolicy(4),
+    ):
+        assert parse_policy(policy.spec) == policy, policy.spec
+        assert make_policy(policy.kind, policy.value) == policy
+    assert EntropyPolicy(1 / 3).spec == f"entropy:{1 / 3!r}"
+    assert EntropyPolicy(math.inf).spec == "entropy:inf"
+    assert PatiencePolicy(2).spec == "patience:2"
+
+
+def test_default_grids_go_from_never_to_always_exiting():
+    entropy = EntropyPolicy.default_grid(2, 3)
+    assert len(entropy) == 11 and entropy[0] == 0 and entropy[-1] == round(math.log(2), 4)
+    assert MaxProbPolicy.default_grid(2, 3) == [round(1 - 0.05 * i, 4) for i in range(11)]
+    assert MaxProbPolicy.default_grid(4, 3)[-1] == 0.25
+    assert PatiencePolicy.default_grid(2, 5) == [5, 4, 3, 2, 1, 0]
+    # entropy and patience grids start where no row can leave early
+    assert EntropyPolicy(entropy[0]).never_exits(3)
+    assert PatiencePolicy(int(PatiencePolicy.default_grid(2, 3)[0])).never_exits(3)
+    # the value every row passes at once
+    for policy in (
+        EntropyPolicy(EntropyPolicy.always_exits()),
+        MaxProbPolicy(0.0),
+        PatiencePolicy(0),
+    ):
+        mask, _ = policy.decide(LOGITS, policy.init_state(4))
+        assert mask.all(), policy
+
+
+def test_make_policy_takes_numbers_and_strings():
+    assert make_policy("patience", 2.0) == PatiencePolicy(2)
+    assert make_policy("patience", "3") == PatiencePolicy(3)
+    assert make_policy("entropy", "0.25") == EntropyPolicy(0.25)
+    with pytest.raises(ValueError, match="patience must be an integer >= 0, got 1.5"):
+        make_policy("patience", 1.5)
+    with pytest.raises(ValueError, match="patience must be an integer"):
+        make_policy("patience", math.inf)
+    with pytest.raises(ValueError, match="unknown exit policy 'oracle'"):
+        make_policy("oracle", 1)
 
 
 def test_parse_policy():
@@ -156,7 +204,7 @@ def test_parse_policy():
         ("entropy:abc", "must be a number"),
         ("entropy:-0.1", ">= 0"),
         ("entropy:nan", ">= 0"),
-        ("maxprob:1.5", r"\[0, 1\]"),
+        ("maxprob:1.5", r"maxprob threshold must be a number in \[0, 1\], got 1.5"),
         ("maxprob:-0.2", r"\[0, 1\]"),
         ("patience:-1", ">= 0"),
         ("patience:1.5", "integer"),
@@ -169,15 +217,20 @@ def test_parse_policy_errors(spec, match):
 
 
 def test_constructor_validation():
-    with pytest.raises(ValueError):
+    """The constructors hold the one range check: parsing and the sweep's flags go through it."""
+    with pytest.raises(ValueError, match="entropy threshold must be a number >= 0"):
         EntropyPolicy(-1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"maxprob threshold must be a number in \[0, 1\]"):
         MaxProbPolicy(-0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"in \[0, 1\], got 1.01"):
+        MaxProbPolicy(1.01)
+    with pytest.raises(ValueError, match="entropy threshold must be a number"):
+        EntropyPolicy(True)
+    with pytest.raises(ValueError, match="patience must be an integer >= 0, got -1"):
         PatiencePolicy(-1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="patience must be an integer"):
         PatiencePolicy(1.5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be a string"):
         parse_policy(3)
 
 
@@ -192,7 +245,6 @@ def test_decide_rejects_non_2d_logits():
         (EntropyPolicy(0.0), 3, True),
         (EntropyPolicy(1e-30), 3, False),
         (MaxProbPolicy(1.0), 3, False),
-        (MaxProbPolicy(1.01), 3, True),
         (PatiencePolicy(2), 3, False),
         (PatiencePolicy(3), 3, True),
         (EntropyPolicy(float("inf")), 0, True),
@@ -207,86 +259,3 @@ def test_never_exits_is_exact(policy, shallow, never):
         for _ in range(shallow):
             exit_mask, state = policy.decide(logits, state)
             assert not exit_mask.any()
-
-
-# --------------------------------------------------------- single-row decisions (decide_row)
-
-
-def _rows_for_decide_row() -> torch.Tensor:
-    """Hand-made rows (ties, certain, -inf, huge margins) and random ones of every scale."""
-    gen = torch.Generator().manual_seed(3)
-    special = torch.tensor(
-        [
-            [0.0, 0.0, 0.0],
-            [200.0, 0.0, 0.0],  # float32 entropy exactly 0
-            [17.0, 0.0, 0.0],  # float32 entropy tiny but > 0
-            [5.0, 5.0, float("-inf")],
-            [1e-8, 0.0, -1e-8],
-        ]
-    )
-    scales = torch.tensor([1e-3, 0.1, 1.0, 5.0, 30.0]).repeat_interleave(200).unsqueeze(1)
-    return torch.cat([special, scales * torch.randn(1000, 3, generator=gen)])
-
-
-def _thresholds_at(values: torch.Tensor) -> list[float]:
-    """Thresholds on, just below and just above float32 values (the guard band's job)."""
-    out = []
-    for v in values[:40].tolist():
-        out += [v, math.nextafter(v, -math.inf), math.nextafter(v, math.inf), v + 1e-7]
-    return [t for t in out if t >= 0]
-
-
-def test_decide_row_equals_decide_for_entropy_and_maxprob():
-    rows = _rows_for_decide_row()
-    entropies, max_probs = softmax_entropy(rows), torch.softmax(rows, -1).amax(-1)
-    policies = [EntropyPolicy(t) for t in [0.0, 1e-30, 1e-6, 0.3, 0.69, 1.0, math.inf]]
-    policies += [EntropyPolicy(t) for t in _thresholds_at(entropies)]
-    policies += [MaxProbPolicy(t) for t in [0.0, 0.34, 0.5, 0.9, 0.999, 1.0]]
-    policies += [MaxProbPolicy(min(t, 1.0)) for t in _thresholds_at(max_probs)]
-    for policy in policies:
-        expected = policy.decide(rows, {})[0].tolist()
-        got = [policy.decide_row(row.unsqueeze(0), policy.init_row_state())[0] for row in rows]
-        assert got == expected, policy
-
-
-def test_decide_row_falls_back_on_non_finite_and_half_logits():
-    rows = torch.tensor([[float("nan"), 0.0], [float("inf"), 0.0], [0.0, float("-inf")]])
-    for policy in (EntropyPolicy(0.5), MaxProbPolicy(0.7)):
-        for row in rows:
-            leaves, _ = policy.decide_row(row.unsqueeze(0), policy.init_row_state())
-            assert leaves == bool(policy.decide(row.unsqueeze(0), {})[0][0])
-    half = LOGITS[1:2].half()
-    assert MaxProbPolicy(0.79).decide_row(half, {})[0] is True
-
-
-def test_patience_decide_row_follows_the_batched_counter():
-    policy = PatiencePolicy(2)
-    gen = torch.Generator().manual_seed(4)
-    for _ in range(50):
-        logits = torch.randint(0, 2, (6, 1, 3), generator=gen).float()  # many ties
-        state, row_state = policy.init_state(1), policy.init_row_state()
-        for exit_logits in logits:
-            mask, state = policy.decide(exit_logits, state)
-            leaves, row_state = policy.decide_row(exit_logits, row_state)
-            assert leaves == bool(mask[0])
-            assert row_state == (int(state["counter"][0]), int(state["prev_pred"][0]))
-    nan_row = torch.tensor([[0.0, float("nan"), 1.0]])
-    assert policy.decide_row(nan_row, (1, 1)) == (True, (2, 1))  # argmax of a NaN row: the NaN
-
-
-def test_default_decide_row_runs_decide_on_a_one_row_state():
-    class EveryOther(ExitPolicy):
-        """Stateful, batched only: exits at its second call."""
-
-        def init_state(self, batch_size, device=None):
-            return {"calls": torch.zeros(batch_size, dtype=torch.long, device=device)}
-
-        def decide(self, logits, state):
-            calls = state["calls"] + 1
-            return calls >= 2, {"calls": calls}
-
-    policy = EveryOther()
-    state = policy.init_row_state()
-    assert policy.decide_row(torch.zeros(1, 2), state)[0] is False
-    _, state = policy.decide_row(torch.zeros(1, 2), state)
-    assert policy.decide_row(torch.zeros(1, 2), state)[0] is True

@@ -1,28 +1,24 @@
-"""acl-fairseq-predict: raw text in, predictions out, encoded exactly as the training data."""
+"""acl-fairseq-predict (and the hub interface): raw text in, predictions out, on checkpoints
+trained by ``fairseq-train``. The encoding itself is tested in test_text_encoder.py."""
 
 from __future__ import annotations
 
 import io
-import random
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from acl_fairseq.cli import predict
-from acl_fairseq.cli.predict_examples import ExampleEncoder, InputRow, PredictError
-from acl_fairseq.cli.prepare import cli as prepare_cli
-from acl_fairseq.cli.sweep import load_batches, load_checkpoint
+from acl_fairseq.checkpoint.inference import load_for_inference
+from acl_fairseq.cli.predict import cli as predict
+from acl_fairseq.data.splits import load_batches
+from acl_fairseq.data.text_encoder import ExampleEncoder
+from acl_fairseq.models.heads import DEFAULT_HEAD
 
-from fairseq_helpers import (
-    NEGATIVE,
-    NEUTRAL,
-    POSITIVE,
-    TINY_MULTI_EXIT,
-    fairseq_train,
-    train_args,
-)
+from fairseq_helpers import NEUTRAL, TINY_MULTI_EXIT, fairseq_train, prepare_tsv_task, train_args
+
+pytestmark = pytest.mark.slow  # every test trains a model (the module's fixture)
 
 MULTI_EXIT = train_args(
     TINY_MULTI_EXIT, criterion="multi_exit_ce", max_update=12, no_epoch_checkpoints=True
@@ -30,41 +26,10 @@ MULTI_EXIT = train_args(
 PLAIN = train_args(criterion="sentence_prediction", max_update=1, no_epoch_checkpoints=True)
 
 
-def write_tsv(path: Path, n: int, seed: int, pair: bool = False) -> list[list[str]]:
-    """``n`` labelled rows (text[, text2], label) of a learnable sentiment task, as TSV."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        label = rng.randint(0, 1)
-        strong = POSITIVE if label else NEGATIVE
-        words = [rng.choice(strong) for _ in range(3)] + rng.sample(NEUTRAL, rng.randint(2, 9))
-        rng.shuffle(words)
-        text = " ".join(words).capitalize() + "."
-        row = [text, " ".join(rng.sample(NEUTRAL, 3))] if pair else [text]
-        rows.append(row + ["pos" if label else "neg"])
-    path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
-    return rows
-
-
-def prepare(root: Path, pair: bool = False) -> tuple[Path, list[list[str]]]:
-    """A prepared (sentencepiece) custom task in ``root/out/sst-bin``; returns the test rows."""
-    root.mkdir(parents=True, exist_ok=True)
-    write_tsv(root / "train.tsv", 160, 0, pair)
-    write_tsv(root / "valid.tsv", 40, 1, pair)
-    test_rows = write_tsv(root / "test.tsv", 37, 2, pair)
-    argv = ["--task", "custom", "--name", "sst", "--train", root / "train.tsv",
-            "--valid", root / "valid.tsv", "--test", root / "test.tsv",
-            "--text-columns", "1,2" if pair else "1", "--label-column", "3" if pair else "2",
-            "--out-dir", root / "out", "--tokenizer", "sentencepiece",
-            "--spm-vocab-size", "120", "--workers", "1"]  # fmt: skip
-    assert prepare_cli.main([str(a) for a in argv]) == 0
-    return root / "out" / "sst-bin", test_rows
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("predict")
-    data, test_rows = prepare(root)
+    data, test_rows = prepare_tsv_task(root)
     fairseq_train(data, root / "multi", *MULTI_EXIT)
     ckpt = root / "multi/checkpoint_last.pt"
     return {"root": root, "data": data, "rows": test_rows, "ckpt": ckpt}
@@ -76,56 +41,17 @@ def run_predict(*argv: str | Path, stdin: str = "") -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def test_tokens_equal_the_binarized_split(trained) -> None:
-    model, task = load_checkpoint(trained["ckpt"], trained["data"])
-    encoder = ExampleEncoder.from_task(task, trained["data"], 64)
-    task.load_dataset("test")
-    dataset = task.dataset("test")
-    assert len(dataset) == len(trained["rows"])
-    for i, row in enumerate(trained["rows"]):
-        ours = encoder.encode(InputRow(i + 1, (row[0],)))
-        assert ours.tolist() == dataset[i]["net_input.src_tokens"].tolist(), row[0]
-    assert ours[0] == 0 and ours[-1] == task.source_dictionary.eos()
-
-
-def test_pair_tokens_equal_the_binarized_split(tmp_path: Path) -> None:
-    """input0 with --init-token, input1 with --separator-token, concatenated."""
-    from fairseq.tasks.sentence_prediction import (
-        SentencePredictionConfig,
-        SentencePredictionTask,
-    )
-
-    data, rows = prepare(tmp_path, pair=True)
-    cfg = SentencePredictionConfig(
-        data=str(data), num_classes=2, init_token=0, separator_token=2, seed=1
-    )
-    task = SentencePredictionTask.setup_task(cfg)
-    task.load_dataset("test")
-    encoder = ExampleEncoder.from_task(task, data, 512)
-    assert encoder.num_inputs == 2
-    for i, row in enumerate(rows):
-        ours = encoder.encode(InputRow(i + 1, (row[0], row[1])))
-        assert ours.tolist() == task.dataset("test")[i]["net_input.src_tokens"].tolist()
-    with pytest.raises(PredictError, match="line 3: 1 text column.* sentence-pair model"):
-        encoder.encode(InputRow(3, ("only one",)))
-    encoder.max_positions = 5
-    with pytest.raises(PredictError, match="stdin line 2: .* more than the model's 5 positions"):
-        encoder.encode(InputRow(2, (row[0], row[1])), "stdin")
-    encoder.truncate = True
-    assert encoder.encode(InputRow(2, (row[0], row[1]))).numel() == 5
-
-
 def _model_predictions(trained, policy: str | None) -> list[str]:
     """The model's own predictions on the binarized test split (label, layer)."""
-    from acl_fairseq.exit_policies import parse_policy
+    from acl_fairseq.early_exit.policies import parse_policy
 
-    model, task = load_checkpoint(trained["ckpt"], trained["data"])
+    model, task, _ = load_for_inference(trained["ckpt"], trained["data"])
     labels = task.label_dictionary
     out = []
     with torch.no_grad():
         for tokens, _ in load_batches(task, "test", 8):
             if policy is None:
-                preds = model(tokens, classification_head_name=predict.DEFAULT_HEAD)[0].argmax(-1)
+                preds = model(tokens, classification_head_name=DEFAULT_HEAD)[0].argmax(-1)
                 layers = [model.num_layers] * len(preds)
             else:
                 result = model.early_exit(tokens, parse_policy(policy))
@@ -217,23 +143,25 @@ def test_hub_encodes_raw_text_like_the_command(trained) -> None:
     hub = MultiExitRobertaModel.from_pretrained(
         str(ckpt.parent), ckpt.name, data_name_or_path=str(trained["data"])
     )
-    model, task = load_checkpoint(ckpt, trained["data"])
+    _, task, _ = load_for_inference(ckpt, trained["data"])
     encoder = ExampleEncoder.from_task(task, trained["data"], 64)
     texts = [row[0] for row in trained["rows"][:6]]
-    for i, text in enumerate(texts):
-        assert hub.encode(text).tolist() == encoder.encode(InputRow(i, (text,))).tolist()
+    for text in texts:
+        assert hub.encode(text).tolist() == encoder.encode([text]).tolist()
+    with pytest.raises(ValueError, match="hub.encode: 2 text.* single-sentence model"):
+        hub.encode(texts[0], texts[1])
     assert hub.bpe.decode(hub.bpe.encode(texts[0])) == texts[0]
     _, out, _ = run_predict(ckpt, "--policy", "entropy:0.68", stdin="\n".join(texts))
     labels = task.label_dictionary
     for text, line in zip(texts, out.splitlines()):
-        result = hub.predict_early_exit(predict.DEFAULT_HEAD, hub.encode(text), "entropy:0.68")
+        result = hub.predict_early_exit(DEFAULT_HEAD, hub.encode(text), "entropy:0.68")
         label = labels[int(result.predictions[0]) + labels.nspecial]
         assert f"{label}\t{int(result.exit_layers[0])}" == "\t".join(line.split("\t")[::2])
 
 
 def test_demo_last_step_classifies_example_sentences(trained) -> None:
     """The demo's last step: acl-fairseq-predict in its own process, one line per sentence."""
-    from acl_fairseq.cli import demo
+    from acl_fairseq.cli.demo import cli as demo
 
     cmd = demo.predict_command(trained["ckpt"], trained["data"])
     assert cmd[1:4] == ["-m", "acl_fairseq.cli.predict", "--path"]
@@ -250,7 +178,7 @@ def test_demo_last_step_classifies_example_sentences(trained) -> None:
 
 def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path, capsys) -> None:
     from acl_fairseq.cli import sweep
-    from acl_fairseq.exit_policy_file import POLICY_FILE, read_policy
+    from acl_fairseq.early_exit.saved_policy import POLICY_FILE, read_policy
     from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
 
     ckpt = tmp_path / "model" / trained["ckpt"].name  # own folder: the fixture's stays bare
@@ -266,14 +194,15 @@ def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path,
     assert "| 8 | oracle-final |" in out and "| 8 | oracle-gold |" in out
     saved = read_policy(ckpt)
     assert f"wrote {ckpt.parent / POLICY_FILE}" in out
-    assert saved["target"] == {"max_accuracy_drop": 100.0} and saved["split"] == "valid"
-    assert saved["checkpoint"] == ckpt.name and saved["layer_speedup"] == 4.0  # the fastest
+    assert saved.fields["target"] == {"max_accuracy_drop": 100.0}
+    assert saved.fields["split"] == "valid" and saved.fields["checkpoint"] == ckpt.name
+    assert saved.fields["layer_speedup"] == 4.0  # the fastest
 
     text = "".join(f"{row[0]}\n" for row in trained["rows"][:8])
     code, by_default, err = run_predict(ckpt, stdin=text)
-    assert code == 0 and f"policy: {saved.policy} (saved in" in err
+    assert code == 0 and f"policy: {saved.policy.spec} (saved in" in err
     assert {line.split("\t")[2] for line in by_default.splitlines()} == {"1"}
-    _, explicit, _ = run_predict(ckpt, "--policy", saved.policy, stdin=text)
+    _, explicit, _ = run_predict(ckpt, "--policy", saved.policy.spec, stdin=text)
     assert explicit == by_default
     code, full, err = run_predict(ckpt, "--policy", "none", stdin=text)
     assert code == 0 and "policy: full depth (--policy none)" in err
@@ -286,6 +215,6 @@ def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path,
     )
     assert hub.default_policy == saved.policy
     tokens = hub.encode(trained["rows"][0][0])
-    assert hub.predict_early_exit(predict.DEFAULT_HEAD, tokens).exit_layers.tolist() == [1]
+    assert hub.predict_early_exit(DEFAULT_HEAD, tokens).exit_layers.tolist() == [1]
     hub.default_policy = None  # full depth
-    assert hub.predict_early_exit(predict.DEFAULT_HEAD, tokens).exit_layers.tolist() == [4]
+    assert hub.predict_early_exit(DEFAULT_HEAD, tokens).exit_layers.tolist() == [4]

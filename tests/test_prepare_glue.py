@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from acl_fairseq.cli.prepare import binarize, tasks, tokenizers
 from acl_fairseq.cli.prepare import cli as prepare_cli
+from acl_fairseq.data import prepared, tasks, tokenize, tokenizers
 
 WORDS = "the a cat dog sat ran on under mat table big small red blue quickly slowly".split()
 NUM_TRAIN, NUM_DEV, NUM_TEST = 8, 5, 3
@@ -155,7 +155,7 @@ def check_task(out_dir: Path, task: str, expected: dict) -> None:
         dicts = [(bin_dir / f"input{i}/dict.txt").read_text() for i in (0, 1)]
         assert dicts[0] == dicts[1]
     labelled = {s: rows for s, rows in expected.items() if not s.startswith("test")}
-    meta = json.loads((bin_dir / binarize.META_FILE).read_text())
+    meta = json.loads((bin_dir / prepared.META_FILE).read_text())
     if task == "STS-B":
         assert not (bin_dir / "label/dict.txt").exists()
         assert meta["regression"] and meta["num_classes"] == 1
@@ -190,7 +190,7 @@ def test_glue_mnli_stsb_sst2(tmp_path: Path) -> None:
     assert run_main(argv) == 0
     for task, rows in expected.items():
         check_task(out, task, rows)
-    meta = json.loads((out / "MNLI-bin" / binarize.META_FILE).read_text())
+    meta = json.loads((out / "MNLI-bin" / prepared.META_FILE).read_text())
     assert set(meta["splits"]) == {"train", "valid", "valid1", "test", "test1"}
     assert meta["splits"]["valid1"]["file"].endswith("dev_mismatched.tsv")
     assert (out / "MNLI-bin/sentencepiece.model").is_file()
@@ -204,8 +204,8 @@ def test_meta_reader_rebuilds_the_recorded_tokenizer(tmp_path: Path) -> None:
     rows = write_glue_task(glue, "SST-2")["train"]
     assert run_main(["--glue-dir", glue, "--out-dir", out, "--tasks", "SST-2"] + SPM_ARGS) == 0
     bin_dir = out / "SST-2-bin"
-    meta = binarize.read_meta(bin_dir)
-    recorded = json.loads((bin_dir / binarize.META_FILE).read_text())
+    meta = prepared.read_meta(bin_dir)
+    recorded = json.loads((bin_dir / prepared.META_FILE).read_text())
     assert {k: v for k, v in meta.items() if k != "tokenizer"} == {
         k: v for k, v in recorded.items() if k != "tokenizer"
     }
@@ -214,12 +214,12 @@ def test_meta_reader_rebuilds_the_recorded_tokenizer(tmp_path: Path) -> None:
     assert meta["tokenizer"]["spm_model"] == str(bin_dir / "sentencepiece.model")
     assert recorded["splits"]["train"]["file"] == "../../glue/SST-2/train.tsv"
     assert meta["tokenizer"]["kind"] == "sentencepiece" and meta["num_classes"] == 2
-    tokenizer = binarize.meta_tokenizer(bin_dir)
+    tokenizer = prepared.meta_tokenizer(bin_dir)
     dictionary, dataset = load(bin_dir / "input0" / "train")
     for i in range(len(rows)):
         assert " ".join(tokenizer.tokenize(rows[i][0])) == dictionary.string(dataset[i])
     with pytest.raises(tasks.DataError, match="not found"):
-        binarize.read_meta(tmp_path)
+        prepared.read_meta(tmp_path)
 
 
 def test_glue_all_tasks(tmp_path: Path) -> None:
@@ -290,7 +290,7 @@ def test_bad_rows_reported_then_skipped(tmp_path: Path, caplog: pytest.LogCaptur
         assert run_main(argv + ["--skip-bad-rows"]) == 0
     assert "skipping 3 bad row(s)" in caplog.text and f"{train}:5:" in caplog.text
     assert "no test split" in caplog.text
-    meta = json.loads((out / "RTE-bin" / binarize.META_FILE).read_text())
+    meta = json.loads((out / "RTE-bin" / prepared.META_FILE).read_text())
     assert meta["splits"]["train"]["rows"] == 4 and meta["skipped_bad_rows"] == 3
     _, dataset = load(out / "RTE-bin/input0/train")
     assert len(dataset) == 4
@@ -350,21 +350,21 @@ def test_custom_wordpiece(tmp_path: Path) -> None:
     assert not (out / "reviews-bin/input1").exists()
 
     # the tokenizer travels with the data: the folder moved, the vocabulary gone
-    meta = json.loads((out / "reviews-bin" / binarize.META_FILE).read_text())
+    meta = json.loads((out / "reviews-bin" / prepared.META_FILE).read_text())
     assert meta["tokenizer"]["vocab"] == "tokenizer/vocab.txt"
     moved = tmp_path / "elsewhere" / "reviews-bin"
     moved.parent.mkdir()
     (out / "reviews-bin").rename(moved)
     (tmp_path / "vocab.txt").unlink()
-    tokenizer = binarize.meta_tokenizer(moved)
+    tokenizer = prepared.meta_tokenizer(moved)
     assert tokenizer.tokenize("The movie was great!") == ["the", "movie", "was", "great", "!"]
     # an older meta file with an absolute path that no longer exists: the copy is used
     meta["tokenizer"]["vocab"] = str(tmp_path / "vocab.txt")
-    (moved / binarize.META_FILE).write_text(json.dumps(meta))
-    assert binarize.meta_tokenizer_config(moved).vocab == str(moved / "tokenizer/vocab.txt")
+    (moved / prepared.META_FILE).write_text(json.dumps(meta))
+    assert prepared.meta_tokenizer_config(moved).vocab == str(moved / "tokenizer/vocab.txt")
     (moved / "tokenizer/vocab.txt").unlink()
     with pytest.raises(tasks.DataError, match="tokenizer file .*vocab.txt .* not found"):
-        binarize.meta_tokenizer(moved)
+        prepared.meta_tokenizer(moved)
 
 
 def test_srcdict_of_another_vocabulary_stops(
@@ -426,11 +426,11 @@ def test_gpt2_tokenizer(tmp_path: Path) -> None:
 def test_parallel_tokenization_keeps_order(tmp_path: Path) -> None:
     """The multiprocessing path returns lines in input order."""
     corpus = [sentence(i) for i in range(30)]
-    model = tokenizers.train_sentencepiece(corpus, tmp_path / "sp", 100, 1.0, 1)
+    model = tokenize.train_sentencepiece(corpus, tmp_path / "sp", 100, 1.0, 1)
     config = tokenizers.TokenizerConfig("sentencepiece", spm_model=str(model))
     columns = [corpus[:17], corpus[17:]]
-    lines, lengths = tokenizers.tokenize_texts(config, columns, workers=2, chunk_size=4)
-    serial, _ = tokenizers.tokenize_texts(config, columns, workers=1, chunk_size=4)
+    lines, lengths = tokenize.tokenize_texts(config, columns, workers=2, chunk_size=4)
+    serial, _ = tokenize.tokenize_texts(config, columns, workers=1, chunk_size=4)
     assert lines == serial
     assert [len(c) for c in lines] == [17, 13]
     assert lengths[0][0] == len(lines[0][0].split())

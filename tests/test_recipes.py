@@ -1,7 +1,9 @@
-"""The GLUE recipes: scripts/glue/train.sh and the fairseq-hydra-train configs in configs/.
+"""The GLUE recipes: scripts/glue/train.sh and the fairseq-hydra-train configs in configs/,
+and the install script.
 
-Fast tests parse ``train.sh --dry-run`` for every task x method and the yaml files; slow tests
-run the recipes for 2 updates on a tiny generated dataset with a tiny model.
+``train.sh --dry-run`` is parsed for every task x method (and compared with the recipe's
+builder, ``acl_fairseq.recipe``) and the yaml files are composed; test_recipes_run.py runs the
+recipes for 2 updates on a tiny generated dataset with a tiny model.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from fairseq_helpers import BIN, REPO, USER_DIR, json_records, run
+from acl_fairseq.recipe import glue_commands
+
+from fairseq_helpers import BIN, REPO, USER_DIR
 
 TRAIN_SH = REPO / "scripts" / "glue" / "train.sh"
 CONFIGS = REPO / "configs" / "finetuning"
@@ -40,16 +43,6 @@ METHODS = {
     "acl_cl": ("acl_sentence_prediction", "acl_cross_layer", True),
 }
 FP16_FLAGS = ["--fp16", "--fp16-init-scale", "4", "--threshold-loss-scale", "1"]
-
-TINY_MODEL = {
-    "encoder_layers": 2,
-    "encoder_embed_dim": 32,
-    "encoder_ffn_embed_dim": 64,
-    "encoder_attention_heads": 2,
-}
-TINY_FLAGS = [f"--{k.replace('_', '-')} {v}" for k, v in TINY_MODEL.items()]
-TINY_FLAGS = " ".join(TINY_FLAGS).split() + ["--max-positions", "64"]
-
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -152,8 +145,8 @@ def test_dry_run_every_task_and_method(task, method):
         # the recipe's fixed hyper-parameters
         expected = {
             "--optimizer": "adam",
-            "--adam-betas": "(0.9, 0.98)",
-            "--adam-eps": "1e-06",
+            "--adam-betas": "(0.9,0.98)",
+            "--adam-eps": "1e-6",
             "--weight-decay": "0.1",
             "--clip-norm": "0.0",
             "--lr-scheduler": "polynomial_decay",
@@ -187,6 +180,26 @@ def test_dry_run_every_task_and_method(task, method):
         else:
             assert f["--save-dir"] == "/ck"
             assert f["--restore-file"] == "/pretrained/model.pt"
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("task", list(TASKS))
+def test_train_sh_is_the_recipe_builders_command(task, method):
+    """train.sh writes in bash what ``acl_fairseq.recipe.glue_commands`` builds: the same
+    command lines, flag for flag and in the same order (extra and stage-2 arguments too)."""
+    extra = ["--contrastive-lambda", "0.3", "--arch", "roberta_large"]
+    env = {"FP16": "1", "SAVE_DIR": "/ck", "SEED": "3", "STAGE2_ARGS": "--freeze-backbone"}
+    if task == "STS-B" and method != "ce":
+        with pytest.raises(ValueError, match="regression task"):
+            glue_commands(task, method, "/nonexistent/glue-bin", "/pretrained/model.pt", "/ck")
+        return
+    multi_exit = method in ("multi_exit_joint", "acl_cl")
+    built = glue_commands(
+        task, method, "/nonexistent/glue-bin", "/pretrained/model.pt", "/ck", seed=3, fp16=True,
+        extra=extra, stage2_extra=["--freeze-backbone"] if multi_exit else [],
+        fairseq_train=BIN / "fairseq-train", user_dir=USER_DIR,
+    )  # fmt: skip
+    assert dry_run_commands(task, method, *extra, **env) == built
 
 
 def test_dry_run_defaults_and_env():
@@ -426,155 +439,27 @@ def test_hydra_overrides_compose(task):
                     validate_criterion_config(crit, method)
 
 
-# ----------------------------------------------------------------------------- slow
+CPU_OVERRIDES = "common.cpu=true common.fp16=false"
 
 
-@pytest.fixture(scope="module")
-def glue_dir(sentiment_data, tmp_path_factory) -> Path:
-    """DATA_DIR whose RTE-bin is the session's tiny generated dataset (conftest.py)."""
-    glue = tmp_path_factory.mktemp("glue")
-    (glue / "RTE-bin").symlink_to(sentiment_data, target_is_directory=True)
-    return glue
+def test_configs_document_the_cpu_overrides():
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        header = path.read_text().split("\nhydra:")[0]
+        assert f"on a CPU-only machine add  {CPU_OVERRIDES}" in header, path
+        assert "fp16: true" in path.read_text(), path  # still fp16 on a GPU
+    assert CPU_OVERRIDES in (REPO / "configs" / "README.md").read_text()
 
 
-HYDRA_TINY = [
-    "common.cpu=true",
-    "common.fp16=false",
-    "common.log_interval=1",
-    f"common.user_dir={USER_DIR}",
-    "dataset.num_workers=0",
-    "optimization.max_update=2",
-    "task.max_positions=64",
-    *[f"++model.{k}={v}" for k, v in TINY_MODEL.items()],
-]
-# the method overrides, exactly as configs/README.md lists them
-HYDRA_METHOD = {
-    "acl": ["criterion._name=acl_embed"],
-    "multi_exit_joint": [
-        "criterion._name=multi_exit_ce",
-        "model._name=multi_exit_roberta",
-    ],
-    "acl_cl_stage2": [
-        "criterion._name=acl_cross_layer",
-        "model._name=multi_exit_roberta",
-    ],
-}
+# ----------------------------------------------------------------------------- fast: install.sh
 
 
-def hydra_train(data: Path, save_dir: Path, restore: str, *overrides: str) -> str:
-    return run(
-        [
-            str(BIN / "fairseq-hydra-train"),
-            "--config-dir",
-            str(CONFIGS),
-            "--config-name",
-            "rte",
-            f"task.data={data}",
-            f"checkpoint.save_dir={save_dir}",
-            f"checkpoint.restore_file={restore}",
-            *HYDRA_TINY,
-            *overrides,
-        ],
-        timeout=300,
-    )
-
-
-def last_record(out: str, key: str) -> dict:
-    records = [r for r in json_records(out) if key in r]
-    assert records, f"no {key} in the output:\n{out[-3000:]}"
-    return records[-1]
-
-
-@pytest.fixture(scope="module")
-def hydra_acl(glue_dir, tmp_path_factory):
-    save_dir = tmp_path_factory.mktemp("hydra_acl")
-    out = hydra_train(
-        glue_dir / "RTE-bin",
-        save_dir,
-        "checkpoint_last.pt",  # fairseq's default: none saved, so from scratch
-        *HYDRA_METHOD["acl"],
-        "++criterion.temperature=0.1",
-    )
-    return save_dir, out
-
-
-@pytest.mark.slow
-def test_hydra_acl(hydra_acl):
-    save_dir, out = hydra_acl
-    assert (save_dir / "checkpoint_best.pt").is_file()
-    assert (save_dir / "hydra_train.log").is_file()  # hydra.run.dir = checkpoint.save_dir
-    train = last_record(out, "train_num_updates")
-    assert int(train["train_num_updates"]) == 2
-    assert "train_acl_grad_angle" in train and "train_contrastive_loss" in train
-    assert "'temperature': 0.1" in out
-
-
-@pytest.mark.slow
-def test_hydra_acl_cl_stage2_restores_stage1(glue_dir, hydra_acl, tmp_path):
-    stage1, _ = hydra_acl
-    out = hydra_train(
-        glue_dir / "RTE-bin",
-        tmp_path,
-        str(stage1 / "checkpoint_best.pt"),
-        *HYDRA_METHOD["acl_cl_stage2"],
-        "++model.exit_layers=[1]",
-    )
-    assert f"Loaded checkpoint {stage1 / 'checkpoint_best.pt'}" in out
-    assert (tmp_path / "checkpoint_best.pt").is_file()
-    valid = last_record(out, "valid_accuracy")
-    assert {"valid_accuracy_exit1", "valid_accuracy_exit2"} <= set(valid)
-    assert "train_acl_grad_angle" in last_record(out, "train_num_updates")
-
-
-@pytest.mark.slow
-def test_hydra_multi_exit_joint(glue_dir, tmp_path):
-    out = hydra_train(
-        glue_dir / "RTE-bin", tmp_path, "checkpoint_last.pt", *HYDRA_METHOD["multi_exit_joint"]
-    )
-    assert (tmp_path / "checkpoint_best.pt").is_file()
-    valid = last_record(out, "valid_accuracy")
-    assert {"valid_accuracy_exit1", "valid_accuracy_exit2"} <= set(valid)
-    assert int(last_record(out, "train_num_updates")["train_num_updates"]) == 2
-
-
-TRAIN_SH_TINY = ["--cpu", "--num-workers", "0", "--max-update", "2", "--log-interval", "1"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["acl_cl", "multi_exit_joint"])
-def test_train_sh_two_stage_methods_run_both_stages(glue_dir, tmp_path, method):
-    """Both multi-exit methods: stage 1 (acl or ce), then stage 2 restored from its best
-    checkpoint, with the same number of updates."""
-    env = {
-        "DATA_DIR": str(glue_dir),
-        "PRETRAINED": "none",
-        "ARCH_ARGS": "--arch roberta",
-        "SAVE_DIR": str(tmp_path / "ck"),
-        "FAIRSEQ_TRAIN": str(BIN / "fairseq-train"),
-        "FP16": "0",
-    }
-    out = run(["bash", str(TRAIN_SH), "RTE", method, *TRAIN_SH_TINY, *TINY_FLAGS], env=env)
-    stage1 = tmp_path / "ck" / "stage1" / "checkpoint_best.pt"
-    assert stage1.is_file()
-    assert (tmp_path / "ck" / "stage2" / "checkpoint_best.pt").is_file()
-    assert f"Loaded checkpoint {stage1}" in out
-    valid = last_record(out, "valid_accuracy_exit1")
-    assert int(valid["valid_num_updates"]) == 2
-
-
-@pytest.mark.slow
-def test_train_sh_ce_restores_pretrained(glue_dir, hydra_acl, tmp_path):
-    """PRETRAINED: a real model.pt (here the tiny hydra run's checkpoint) is restored."""
-    pretrained = hydra_acl[0] / "checkpoint_best.pt"
-    env = {
-        "DATA_DIR": str(glue_dir),
-        "PRETRAINED": str(pretrained),
-        "ARCH_ARGS": "--arch roberta",
-        "SAVE_DIR": str(tmp_path),
-        "FAIRSEQ_TRAIN": str(BIN / "fairseq-train"),
-    }
-    out = run(["bash", str(TRAIN_SH), "rte", "ce", *TRAIN_SH_TINY, *TINY_FLAGS], env=env)
-    assert f"Loaded checkpoint {pretrained}" in out
-    assert (tmp_path / "checkpoint_best.pt").is_file()
-    train = last_record(out, "train_num_updates")
-    assert "train_contrastive_loss" not in train  # fairseq's own criterion
+def test_install_sh_installs_fairseq_last_without_dependency_checks():
+    """pip reports fairseq-fixed's missing torchaudio whenever a later install touches one of
+    fairseq's dependencies; pip skips that report for --no-deps, so fairseq goes last."""
+    lines = (REPO / "scripts" / "install.sh").read_text().splitlines()
+    installs = [i for i, line in enumerate(lines) if "$PIP install" in line]
+    fairseq = [i for i in installs if "fairseq-fixed" in lines[i]]
+    assert len(fairseq) == 1 and fairseq[0] == installs[-1]
+    assert "--no-deps" in lines[fairseq[0]] and "--no-build-isolation" in lines[fairseq[0]]
+    assert not any("torchaudio" in lines[i] for i in installs)
+    assert "tensorboardX" in "\n".join(lines[installs[0] :])

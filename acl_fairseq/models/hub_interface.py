@@ -8,7 +8,8 @@ from fairseq import utils
 from fairseq.models.roberta.hub_interface import RobertaHubInterface
 from torch import Tensor
 
-from ..exit_policies import EntropyPolicy, ExitPolicy, as_policy
+from ..data.text_encoder import ExampleEncoder
+from ..early_exit.policies import EntropyPolicy, ExitPolicy, as_policy
 from .types import EarlyExitResult
 
 __all__ = ["MultiExitRobertaHubInterface"]
@@ -19,12 +20,23 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
 
     Everything of the parent (``encode``, ``predict``, ``extract_features``...) works as for
     plain RoBERTa on the final exit. Added: ``predict_early_exit`` and ``exit_logits``, both run
-    in eval mode without gradients. ``default_policy`` (a ``parse_policy`` string, ``None`` =
-    full depth) is what ``predict_early_exit`` uses without a policy; ``from_pretrained`` sets
-    it from the checkpoint's ``early_exit_policy.json`` when there is one.
+    in eval mode without gradients. ``default_policy`` (an ``ExitPolicy`` or a ``parse_policy``
+    string; ``None`` = full depth) is what ``predict_early_exit`` uses without a policy;
+    ``from_pretrained`` sets it from the checkpoint's ``early_exit_policy.json`` when there is
+    one.
     """
 
-    default_policy: str | None = None
+    default_policy: ExitPolicy | str | None = None
+    example_encoder: ExampleEncoder | None = None
+
+    def encode(self, sentence: str, *addl_sentences: str, no_separator: bool = False) -> Tensor:
+        """Raw text -> 1D token ids. With the tokenizer a prepared folder recorded
+        (``example_encoder``, set by ``from_pretrained``): exactly as the training data,
+        ``--init-token`` / ``--separator-token`` and length rules included
+        (``acl_fairseq.data.text_encoder``); otherwise as ``RobertaHubInterface.encode``."""
+        if self.example_encoder is None or no_separator:
+            return super().encode(sentence, *addl_sentences, no_separator=no_separator)
+        return self.example_encoder.encode([sentence, *addl_sentences], where="hub.encode")
 
     def _batch(self, tokens: Tensor) -> Tensor:
         """1D (T) or 2D (B x T) fairseq ids -> B x T on the model's device."""

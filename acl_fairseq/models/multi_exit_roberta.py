@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import (
-    RobertaClassificationHead,
     RobertaModel,
     base_architecture,
     roberta_large_architecture,
@@ -33,16 +32,19 @@ from fairseq.models.roberta.model import (
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from ..exit_policies import ExitPolicy, as_policy
-from ..exit_policy_file import POLICY_FILE, read_policy
-from .early_exit_loop import run_early_exit
+from ..data.prepared import META_FILE
+from ..data.text_encoder import ExampleEncoder, TextEncoder
+from ..early_exit.loop import run_early_exit
+from ..early_exit.policies import ExitPolicy, as_policy
+from ..early_exit.saved_policy import POLICY_FILE, read_policy
+from .heads import DEFAULT_HEAD, POOLING_CHOICES, MultiExitClassificationHead, exit_head_name
 from .hub_interface import MultiExitRobertaHubInterface
-from .pooling import MeanWeights, masked_mean
 from .types import EarlyExitResult, ExitOutput
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "DEFAULT_HEAD",
     "EarlyExitResult",
     "ExitOutput",
     "MultiExitClassificationHead",
@@ -52,14 +54,7 @@ __all__ = [
     "parse_exit_layers",
 ]
 
-POOLING_CHOICES = ("first", "mean")
-DEFAULT_HEAD_NAME = "sentence_classification_head"
 _EXIT_NAME_RE = re.compile(r"^(?P<base>.+)_exit(?P<layer>\d+)$")
-
-
-def exit_head_name(name: str, layer: int) -> str:
-    """Name of the shallow exit head at ``layer`` for the head group ``name``."""
-    return f"{name}_exit{layer}"
 
 
 def parse_exit_layers(spec: Any, num_layers: int) -> tuple[int, ...]:
@@ -98,43 +93,6 @@ def parse_exit_layers(spec: Any, num_layers: int) -> tuple[int, ...]:
     if len(set(layers)) != len(layers):
         raise ValueError(f"--exit-layers: duplicate layer in {spec!r}")
     return tuple(sorted(layers))
-
-
-class MultiExitClassificationHead(RobertaClassificationHead):
-    """``RobertaClassificationHead`` with a pooling choice and a padding mask.
-
-    Same parameters (``dense``, ``out_proj``); with ``pooling="first"`` the output is
-    bit-identical to ``RobertaClassificationHead``. ``"mean"`` averages non-pad positions.
-    """
-
-    def __init__(self, *args: Any, pooling: str = "first", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if pooling not in POOLING_CHOICES:
-            raise ValueError(f"--exit-pooling must be one of {POOLING_CHOICES}, got {pooling!r}")
-        self.pooling = pooling
-
-    def pool(self, features: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        """B x T x C features (+ B x T bool padding mask, True = pad) -> B x C."""
-        if self.pooling == "first":
-            return features[:, 0, :]  # <s> token (equiv. to [CLS])
-        if padding_mask is None:
-            return features.mean(dim=1)
-        return masked_mean(features, MeanWeights(padding_mask))
-
-    def forward_with_features(
-        self, features: Tensor, padding_mask: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """B x T x C -> (logits B x K, out_proj input B x C')."""
-        x = self.pool(features, padding_mask)
-        x = self.dropout(x)
-        x = self.dense(x)
-        x = self.activation_fn(x)
-        x = self.dropout(x)
-        return self.out_proj(x), x
-
-    def forward(self, features: Tensor, padding_mask: Tensor | None = None, **kwargs: Any):
-        """B x T x C -> logits B x K."""
-        return self.forward_with_features(features, padding_mask)[0]
 
 
 @register_model("multi_exit_roberta")
@@ -198,25 +156,24 @@ class MultiExitRobertaModel(RobertaModel):
         """Load a multi-exit checkpoint (trained with a ``multi_exit_roberta*`` arch).
 
         ``bpe="recorded"`` (the default): a data folder written by ``acl-fairseq-prepare``
-        (``prepare_glue.json``) gives its tokenizer, so ``hub.encode(text)`` encodes as the
-        training data; other folders get fairseq's ``gpt2``. Any other value goes to fairseq.
-        An ``early_exit_policy.json`` next to the checkpoint (``acl-fairseq-sweep
+        (``prepare_glue.json``) gives its tokenizer, so ``hub.encode(text)`` (``text_a,
+        text_b`` for pairs) encodes as the training data (``acl_fairseq.data.text_encoder``);
+        other folders get fairseq's ``gpt2``. Any other value goes to fairseq. An
+        ``early_exit_policy.json`` next to the checkpoint (``acl-fairseq-sweep
         --max-accuracy-drop D``) becomes the hub's ``default_policy``.
         """
         import os
 
-        from fairseq import hub_utils
+        from fairseq import hub_utils, utils
 
-        recorded = None
+        text = None
+        data = data_name_or_path
+        if data.startswith("."):  # as hub_utils resolves it
+            data = os.path.join(model_name_or_path, data)
         if bpe == "recorded":
-            data = data_name_or_path
-            if data.startswith("."):  # as hub_utils resolves it
-                data = os.path.join(model_name_or_path, data)
-            if os.path.isfile(os.path.join(data, "prepare_glue.json")):
-                from acl_fairseq.cli.prepare.recorded_bpe import recorded_bpe
-
-                recorded = recorded_bpe(data)
-            bpe = None if recorded is not None else "gpt2"
+            if os.path.isfile(os.path.join(data, META_FILE)):
+                text = TextEncoder.from_data(data)
+            bpe = None if text is not None else "gpt2"
         x = hub_utils.from_pretrained(
             model_name_or_path,
             checkpoint_file,
@@ -226,19 +183,21 @@ class MultiExitRobertaModel(RobertaModel):
             load_checkpoint_heads=True,
             **kwargs,
         )
-        model = x["models"][0]
+        model, task = x["models"][0], x["task"]
         if not isinstance(model, MultiExitRobertaModel):
             raise TypeError(
                 f"{model_name_or_path}/{checkpoint_file} holds a {type(model).__name__}, not a "
                 "multi_exit_roberta model"
             )
-        hub = MultiExitRobertaHubInterface(x["args"], x["task"], model)
-        if recorded is not None:
-            hub.bpe = recorded
+        hub = MultiExitRobertaHubInterface(x["args"], task, model)
+        if text is not None:
+            hub.bpe = text
+            max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+            hub.example_encoder = ExampleEncoder.from_task(task, data, max_positions, text)
         saved = read_policy(os.path.join(model_name_or_path, checkpoint_file))
         if saved is not None:  # chosen by acl-fairseq-sweep --max-accuracy-drop/--target-speedup
             hub.default_policy = saved.policy
-            logger.info(f"early exit: default policy {saved.policy} (from {POLICY_FILE})")
+            logger.info(f"early exit: default policy {saved.policy.spec} (from {POLICY_FILE})")
         return hub
 
     # ------------------------------------------------------------------ heads
@@ -266,7 +225,7 @@ class MultiExitRobertaModel(RobertaModel):
         if safe_getattr(self.args, "freeze_backbone", False):
             self.freeze_backbone(name)
 
-    def freeze_backbone(self, name: str = DEFAULT_HEAD_NAME) -> None:
+    def freeze_backbone(self, name: str = DEFAULT_HEAD) -> None:
         """Leaves only the shallow exit heads of group ``name`` trainable."""
         if not self.shallow_exit_layers:
             raise ValueError(
@@ -291,9 +250,7 @@ class MultiExitRobertaModel(RobertaModel):
             pooling=self.exit_pooling,
         )
 
-    def exit_heads(
-        self, name: str = DEFAULT_HEAD_NAME
-    ) -> list[tuple[int, MultiExitClassificationHead]]:
+    def exit_heads(self, name: str = DEFAULT_HEAD) -> list[tuple[int, MultiExitClassificationHead]]:
         """``[(layer, head)]`` of the head group ``name``, by layer; the last is the final."""
         names = [exit_head_name(name, layer) for layer in self.shallow_exit_layers] + [name]
         missing = [n for n in names if n not in self.classification_heads]
@@ -307,12 +264,13 @@ class MultiExitRobertaModel(RobertaModel):
 
     # --------------------------------------------------------------- forwards
 
-    def _padding_mask(self, src_tokens: Tensor) -> Tensor:
+    def padding_mask(self, src_tokens: Tensor) -> Tensor:
         """B x T bool, True at padding."""
         return src_tokens.eq(self.encoder.sentence_encoder.padding_idx)
 
-    def _exit_hidden(self, x: Tensor) -> Tensor:
-        """T x B x C hidden states after some layer -> what an exit sees (T x B x C)."""
+    def exit_hidden(self, x: Tensor) -> Tensor:
+        """T x B x C hidden states after some layer -> what an exit sees (T x B x C): the
+        encoder's final layer norm for pre-norm models, else ``x`` itself."""
         layer_norm = self.encoder.sentence_encoder.layer_norm
         return layer_norm(x) if layer_norm is not None else x
 
@@ -329,12 +287,12 @@ class MultiExitRobertaModel(RobertaModel):
             return super().forward(src_tokens, features_only, return_all_hiddens, **kwargs)
         x, extra = self.encoder(src_tokens, True, return_all_hiddens, **kwargs)
         head = self.classification_heads[classification_head_name]
-        return head(x, padding_mask=self._padding_mask(src_tokens)), extra
+        return head(x, padding_mask=self.padding_mask(src_tokens)), extra
 
     def exit_outputs(
         self,
         src_tokens: Tensor,
-        classification_head_name: str = DEFAULT_HEAD_NAME,
+        classification_head_name: str = DEFAULT_HEAD,
         **unused: Any,
     ) -> list[ExitOutput]:
         """Every exit's output from one encoder pass (training or evaluation).
@@ -353,24 +311,24 @@ class MultiExitRobertaModel(RobertaModel):
             raise RuntimeError(
                 f"expected {self.num_layers + 1} hidden states, got {len(inner_states)}"
             )
-        padding_mask = self._padding_mask(src_tokens)
+        padding_mask = self.padding_mask(src_tokens)
         outputs = []
         for layer, head in heads:
             if layer == self.num_layers:
                 hidden = features  # B x T x C, final layer_norm already applied
             else:
-                hidden = self._exit_hidden(inner_states[layer]).transpose(0, 1)
+                hidden = self.exit_hidden(inner_states[layer]).transpose(0, 1)
             logits, pooled = head.forward_with_features(hidden, padding_mask)
             outputs.append(ExitOutput(layer, logits, pooled, head.out_proj.weight))
         return outputs
 
     def final_exit_output(
-        self, src_tokens: Tensor, classification_head_name: str = DEFAULT_HEAD_NAME
+        self, src_tokens: Tensor, classification_head_name: str = DEFAULT_HEAD
     ) -> ExitOutput:
         """The last exit alone (B x T ``src_tokens``), without the shallow exits' work."""
         head = self.classification_heads[classification_head_name]
         features, _ = self.encoder(src_tokens, features_only=True)  # B x T x C
-        logits, pooled = head.forward_with_features(features, self._padding_mask(src_tokens))
+        logits, pooled = head.forward_with_features(features, self.padding_mask(src_tokens))
         return ExitOutput(self.num_layers, logits, pooled, head.out_proj.weight)
 
     @torch.inference_mode()
@@ -378,7 +336,7 @@ class MultiExitRobertaModel(RobertaModel):
         self,
         src_tokens: Tensor,
         policy: ExitPolicy | str,
-        classification_head_name: str = DEFAULT_HEAD_NAME,
+        classification_head_name: str = DEFAULT_HEAD,
         **unused: Any,
     ) -> EarlyExitResult:
         """Batched early-exit inference (eval mode, no gradients).
@@ -387,7 +345,7 @@ class MultiExitRobertaModel(RobertaModel):
         running rows' logits go to ``policy``; rows that exit are recorded and removed from
         the hidden states (T x B x C), the padding mask (B x T) and the policy state, and
         trailing columns that became all-pad are trimmed. Rows still running at the last
-        layer exit there. The loop lives in ``early_exit_loop.run_early_exit``.
+        layer exit there. The loop lives in ``acl_fairseq.early_exit.loop``.
 
         Args:
             src_tokens: B x T token ids (``src_lengths`` etc. are ignored).

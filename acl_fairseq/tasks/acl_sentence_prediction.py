@@ -32,14 +32,9 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 
 from ..acl_grad import AclGrad, AclGradCriterion, AclGradLogConfig
+from ..checkpoint.fits import load_state_dict_checked
 from ..distributed import DataParallelConfig, check_unused_parameters
-from ..input_checks import (
-    check_dictionaries,
-    check_lengths,
-    check_num_classes,
-    check_split_files,
-    load_state_dict_checked,
-)
+from ..input_checks import check_dictionaries, check_lengths, check_num_classes, check_split_files
 from ..precision import AutocastConfig, check_autocast, forward_precision
 
 

@@ -76,7 +76,8 @@ METHOD=$2
 shift 2
 
 # ------------------------------------------------------------------ per-task settings
-# lr / batch size / total updates / warmup updates: fairseq's RoBERTa GLUE table.
+# lr / batch size / total updates / warmup updates: fairseq's RoBERTa GLUE table
+# (acl_fairseq.recipe.GLUE_RECIPES).
 METRIC_FLAGS=()
 BEST_METRIC=accuracy
 MAXIMIZE=1
@@ -266,7 +267,9 @@ if [[ -n $STAGE2_CRITERION ]]; then
 fi
 
 # ------------------------------------------------------------------ commands
-# build_cmd SAVE_DIR TASK CRITERION MULTI_EXIT(0|1) RESTORE... -- EXTRA...: sets CMD
+# The recipe's flags in the order of acl_fairseq.recipe.train_command / glue_commands, which
+# this script mirrors (tests/test_recipes.py checks that both give the same commands).
+# build_cmd SAVE_DIR TASK CRITERION MULTI_EXIT(0|1) RESTORE... -- LAST...: sets CMD
 build_cmd() {
   local save_dir=$1 fs_task=$2 criterion=$3 multi_exit=$4
   shift 4
@@ -276,6 +279,9 @@ build_cmd() {
     shift
   done
   shift # --
+  if [[ ${#restore[@]} -gt 0 ]]; then
+    restore+=(--reset-optimizer --reset-dataloader --reset-meters)
+  fi
   local arch=("${PLAIN_ARCH[@]}") extra=("${PLAIN_EXTRA[@]}")
   if [[ $multi_exit == 1 ]]; then
     arch=("${ME_ARCH[@]}")
@@ -284,28 +290,26 @@ build_cmd() {
   CMD=(
     "$FAIRSEQ_TRAIN" "$DATA"
     --user-dir "$USER_DIR"
+    --task "$fs_task"
+    "${arch[@]}"
+    --criterion "$criterion"
     "${restore[@]}"
-    --reset-optimizer --reset-dataloader --reset-meters
-    --task "$fs_task" --criterion "$criterion"
-    --num-classes "$NUM_CLASSES"
-    --init-token 0 --separator-token 2
-    --max-positions 512
-    --batch-size "$BSZ" --max-tokens 4400 --required-batch-size-multiple 1
-    --dropout 0.1 --attention-dropout 0.1
-    --optimizer adam --adam-betas "(0.9, 0.98)" --adam-eps 1e-06 --weight-decay 0.1
-    --clip-norm 0.0
-    --lr-scheduler polynomial_decay --lr "$LR" --warmup-updates "$WARMUP"
-    --total-num-update "$UPDATES" --max-update "$UPDATES" --max-epoch 10
-    --find-unused-parameters
+    --num-classes "$NUM_CLASSES" --init-token 0 --separator-token 2
+    --batch-size "$BSZ" --required-batch-size-multiple 1
+    --max-epoch 10 --max-update "$UPDATES"
+    --optimizer adam --adam-betas "(0.9,0.98)" --adam-eps 1e-6 --weight-decay 0.1
+    --lr "$LR" --lr-scheduler polynomial_decay
+    --total-num-update "$UPDATES" --warmup-updates "$WARMUP"
     --valid-subset "$VALID_SUBSET"
-    "${METRIC_FLAGS[@]}"
     --best-checkpoint-metric "$BEST_METRIC" "${MAXIMIZE_FLAGS[@]}"
     --no-epoch-checkpoints --no-last-checkpoints --no-save-optimizer-state
     --save-dir "$save_dir"
     --seed "$SEED"
     --log-format json --log-interval 200
+    --max-positions 512 --max-tokens 4400 --dropout 0.1 --attention-dropout 0.1
+    --clip-norm 0.0 --find-unused-parameters
+    "${METRIC_FLAGS[@]}"
     "${FP16_FLAGS[@]}"
-    "${arch[@]}"
     "${extra[@]}"
     "$@"
   )

@@ -1,5 +1,5 @@
 import sys
 
-from acl_fairseq.cli.compare.cli import main
+from .cli import main
 
 sys.exit(main())

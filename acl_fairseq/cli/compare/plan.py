@@ -4,27 +4,30 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import shlex
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-METHODS = ("ce", "ce_scl", "acl", "multi_exit_joint", "acl_cl")
-MULTI_EXIT_METHODS = ("multi_exit_joint", "acl_cl")
-SWEEP_METHODS = ("ce_scl", "acl")
-CONTRASTIVE_METHODS = ("ce_scl", "acl", "acl_cl")
-STAGE1 = {"multi_exit_joint": "ce", "acl_cl": "acl"}
-MULTI_EXIT_ARCH = {
-    "roberta": "multi_exit_roberta",
-    "roberta_base": "multi_exit_roberta_base",
-    "roberta_large": "multi_exit_roberta_large",
-}
-RESET_FLAGS = ("--reset-optimizer", "--reset-dataloader", "--reset-meters", "--reset-lr-scheduler")
+from acl_fairseq.compare_results import SWEEP_METHODS
+from acl_fairseq.recipe import (
+    ABLATIONS,
+    CONTRASTIVE_METHODS,
+    METHODS,
+    MULTI_EXIT_METHODS,
+    STAGE1,
+    flag_value,
+    model_flags,
+)
+
+# every method compare runs, in training order (a stage-1 method before the stage-2 methods
+# restoring it); by default the main comparison, METHODS
+COMPARE_METHODS = (
+    "ce", "ce_scl", "ce_scl_grad", "acl", "acl_embed", "multi_exit_joint", "joint_from_acl",
+    "acl_cl",
+)  # fmt: skip
+assert set(COMPARE_METHODS) == {*METHODS, *ABLATIONS}
 CE_SCL_ANGLE_THRESHOLD = 180.0  # the angle never exceeds 180 degrees: nothing is dropped
-# metrics of test.json's "dev" / "test" that go into results.csv (losses are left out)
-METRIC_RE = re.compile(r"^accuracy(_exit\d+)?$|^(f1|mcc|acc_and_f1)$")
 
 
 @dataclass(frozen=True)
@@ -78,14 +81,14 @@ def plan_runs(
     lambdas: Sequence[float] | None = None,
 ) -> list[Run]:
     """Runs in an order that trains every stage-1 run before the stage-2 run restoring it:
-    seed by seed, all methods of a seed in ``METHODS`` order; then the lambda sweep."""
-    unknown = [m for m in methods if m not in METHODS]
+    seed by seed, all methods of a seed in ``COMPARE_METHODS`` order; then the lambda sweep."""
+    unknown = [m for m in methods if m not in COMPARE_METHODS]
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; expected some of {list(METHODS)}")
+        raise ValueError(f"unknown method(s) {unknown}; expected some of {list(COMPARE_METHODS)}")
     wanted = set(methods) | {STAGE1[m] for m in methods if m in STAGE1}
     runs: list[Run] = []
     for seed in seeds:
-        for method in METHODS:
+        for method in COMPARE_METHODS:
             if method in wanted:
                 lam = base_lambda if method in CONTRASTIVE_METHODS else None
                 runs.append(Run(method, seed, lam))
@@ -106,84 +109,13 @@ def read_arch_args(file: str | None, text: str | None) -> list[str]:
         args = shlex.split(Path(file).read_text(encoding="utf-8"))
     else:
         args = shlex.split(text or "")
-    out: list[str] = []
-    skip = False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg == "--restore-file":
-            skip = True
-            continue
-        if arg.startswith("--restore-file=") or arg in RESET_FLAGS:
-            continue
-        out.append(arg)
+    out = model_flags(args)
     if not any(a in ("--arch", "-a") or a.startswith("--arch=") for a in out):
         raise SystemExit(
             f"no --arch in the model flags {' '.join(out)!r}: pass --arch-args-file "
             "(fairseq_args.txt of acl-fairseq-convert-bert) or --arch-args '--arch roberta_base'"
         )
     return out
-
-
-def multi_exit_arch(args: Sequence[str]) -> list[str]:
-    """``args`` with the ``--arch`` value replaced by its multi-exit variant."""
-    out = list(args)
-    for i, arg in enumerate(out):
-        if arg.startswith("--arch="):
-            out[i] = "--arch=" + _multi_exit_name(arg[len("--arch=") :])
-        elif arg in ("--arch", "-a") and i + 1 < len(out):
-            out[i + 1] = _multi_exit_name(out[i + 1])
-    return out
-
-
-def _multi_exit_name(arch: str) -> str:
-    if arch.startswith("multi_exit_roberta"):
-        return arch
-    if arch in MULTI_EXIT_ARCH:
-        return MULTI_EXIT_ARCH[arch]
-    raise SystemExit(
-        f"--arch {arch} has no multi-exit variant: use roberta, roberta_base, roberta_large "
-        "or a multi_exit_roberta* arch"
-    )
-
-
-def count_examples(data: Path, split: str = "train") -> int:
-    """Examples in ``DATA/input0/SPLIT`` (reads the index header; fairseq as a fallback)."""
-    idx = data / "input0" / f"{split}.idx"
-    if not idx.exists():
-        raise SystemExit(f"{idx} not found: is {data} a binarized sentence_prediction dataset?")
-    with open(idx, "rb") as f:
-        if f.read(9) == b"MMIDIDX\x00\x00":
-            f.read(8 + 1)  # version, dtype code
-            return struct.unpack("<Q", f.read(8))[0]
-    from fairseq.data import data_utils
-
-    dataset = data_utils.load_indexed_dataset(str(data / "input0" / split), None)
-    return len(dataset)
-
-
-def count_classes(data: Path) -> int:
-    """Labels listed with a non-zero count in ``DATA/label/dict.txt`` (as the task checks)."""
-    path = data / "label" / "dict.txt"
-    if not path.exists():
-        raise SystemExit(f"{path} not found: pass --num-classes")
-    n = 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        parts = line.split()
-        if len(parts) >= 2 and parts[0] != "<mask>" and parts[1].lstrip("-").isdigit():
-            n += int(parts[1]) > 0
-    return n
-
-
-def flag_value(args: Sequence[str], flag: str) -> str | None:
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg[len(flag) + 1 :]
-    return value
 
 
 def run_epochs(run: Run | None, opts: argparse.Namespace) -> int:
@@ -213,14 +145,3 @@ def total_updates(opts: argparse.Namespace, run: Run | None = None) -> int:
     if opts.max_update:
         updates = min(updates, opts.max_update)
     return max(1, updates)
-
-
-def flag_groups(args: Sequence[str]) -> list[str]:
-    """``args`` as one string per flag with its values (``--lr 5e-05``), in order."""
-    groups: list[list[str]] = []
-    for arg in args:
-        if arg.startswith("--") or not groups:
-            groups.append([arg])
-        else:
-            groups[-1].append(arg)
-    return [shlex.join(g) for g in groups]

@@ -4,7 +4,6 @@ rebuilt from every ``runs/*/test.json``."""
 from __future__ import annotations
 
 import csv
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -13,13 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from acl_fairseq.acl_grad import AngleRecord
-from acl_fairseq.cli.compare.plan import (
-    METHODS,
+from acl_fairseq.cli.compare.plan import format_lambda
+from acl_fairseq.compare_results import (
     METRIC_RE,
-    MULTI_EXIT_METHODS,
     SWEEP_METHODS,
-    format_lambda,
+    chosen_on_dev,
+    exit_layers_of,
+    lambda_groups,
+    load_results,
+    main_results,
+    summarize,
 )
+from acl_fairseq.recipe import METHODS, MULTI_EXIT_METHODS
 
 
 def angle_summary(rows: Sequence[AngleRecord]) -> dict[str, float] | None:
@@ -35,16 +39,6 @@ def angle_summary(rows: Sequence[AngleRecord]) -> dict[str, float] | None:
     }
 
 
-def summarize(values: Sequence[float]) -> tuple[float, float, int]:
-    """``(mean, sample std, n)``; the std is nan for fewer than two values."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan, 0
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if n > 1 else math.nan
-    return mean, std, n
-
-
 def fmt(value: float | None, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -56,52 +50,6 @@ def fmt_mean_std(values: Sequence[float], digits: int = 2) -> str:
     if n == 0:
         return "-"
     return fmt(mean, digits) if n == 1 else f"{fmt(mean, digits)} ± {fmt(std, digits)}"
-
-
-def load_results(out: Path) -> list[dict]:
-    """Every ``runs/*/test.json`` under ``out``, sorted by method, lambda, seed."""
-    results = []
-    for path in sorted((out / "runs").glob("*/test.json")):
-        result = json.loads(path.read_text(encoding="utf-8"))
-        result["dir"] = str(path.parent)
-        results.append(result)
-    order = {m: i for i, m in enumerate(METHODS)}
-    results.sort(
-        key=lambda r: (order.get(r["method"], 99), r.get("lambda") or 0.0, r["seed"], r["run"])
-    )
-    return results
-
-
-def main_results(results: Sequence[dict]) -> list[dict]:
-    return [r for r in results if not r.get("sweep")]
-
-
-def exit_layers_of(results: Sequence[dict], split: str = "test") -> list[int]:
-    layers = set()
-    for r in results:
-        layers |= {
-            int(k[len("accuracy_exit") :]) for k in r[split] if k.startswith("accuracy_exit")
-        }
-    return sorted(layers)
-
-
-def lambda_groups(results: Sequence[dict], method: str) -> dict[float, list[dict]]:
-    """Runs of ``method`` (main and sweep) by their contrastive lambda."""
-    groups: dict[float, list[dict]] = {}
-    for r in results:
-        if r["method"] == method and r.get("lambda") is not None:
-            groups.setdefault(float(r["lambda"]), []).append(r)
-    return dict(sorted(groups.items()))
-
-
-def chosen_on_dev(groups: dict[float, list[dict]]) -> float | None:
-    """The lambda with the highest mean dev accuracy (the smallest among ties)."""
-    best = None
-    for lam, runs in groups.items():
-        mean = summarize([r["dev"]["accuracy"] for r in runs])[0]
-        if best is None or mean > best[1]:
-            best = (lam, mean)
-    return None if best is None else best[0]
 
 
 @dataclass

@@ -15,63 +15,65 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acl_fairseq.acl_grad import read_angle_log
+from acl_fairseq.checkpoint.inference import load_for_inference
 from acl_fairseq.cli.compare.plan import (
     CE_SCL_ANGLE_THRESHOLD,
     Run,
-    flag_groups,
     format_lambda,
-    multi_exit_arch,
     run_epochs,
     run_extra_args,
     total_updates,
 )
 from acl_fairseq.cli.compare.report import angle_summary
-from acl_fairseq.cli.fairseq_log import best_dev, json_records, test_metrics
-from acl_fairseq.cli.paths import BIN, USER_DIR
+from acl_fairseq.compare_results import RESULT_FILE, write_result
+from acl_fairseq.fairseq_log import best_dev, json_records, test_metrics
+from acl_fairseq.paths import BIN, USER_DIR
+from acl_fairseq.predictions import PREDICTIONS_FILE, predict_split, write_predictions
+from acl_fairseq.recipe import criterion_flags, flag_groups, multi_exit_arch
+from acl_fairseq.recipe import train_command as fairseq_train_command
 
 
 def method_flags(run: Run, opts: argparse.Namespace) -> list[str]:
     lam = format_lambda(run.lam)
     temperature = f"{opts.temperature:g}"
     threshold = f"{opts.acl_grad_threshold:g}"
-    exit_layers = ["--exit-layers", opts.exit_layers] if opts.exit_layers else []
-    if run.method == "ce":
-        return ["--criterion", "sentence_prediction", "--exit-layers", "none"]
     if run.method == "ce_scl":
-        flags = ["--criterion", "ce_scl", "--contrastive-lambda", lam, "--temperature", temperature]
-        if not opts.ce_scl_plain:
-            flags += ["--acl-grad", "--acl-grad-threshold", f"{CE_SCL_ANGLE_THRESHOLD:g}"]
-        return flags + ["--exit-layers", "none"]
-    if run.method == "acl":
-        return [
-            "--criterion", "acl_embed", "--contrastive-lambda", lam, "--temperature", temperature,
-            "--acl-grad-threshold", threshold, "--exit-layers", "none",
-        ]  # fmt: skip
-    if opts.exit_weighting:
-        exit_layers += ["--exit-weighting", opts.exit_weighting]
-    if run.method == "multi_exit_joint":
-        return ["--criterion", "multi_exit_ce", *exit_layers]
-    if run.method == "acl_cl":
-        variant = []
-        if opts.cross_layer_weighting != "exit":
-            variant += ["--cross-layer-weighting", opts.cross_layer_weighting]
-        if opts.acl_cl_teacher == "frozen":
-            assert run.stage1 is not None
-            stage1_best = opts.out / "runs" / run.stage1.name / "checkpoint_best.pt"
-            variant += ["--frozen-teacher", str(stage1_best)]
-        return [
-            "--criterion", "acl_cross_layer", "--contrastive-lambda", lam,
-            "--cross-layer-lambda", f"{opts.cross_layer_lambda:g}", "--temperature", temperature,
-            "--acl-grad-threshold", threshold, *exit_layers, *variant,
-        ]  # fmt: skip
-    raise ValueError(run.method)
+        plain = opts.ce_scl_plain
+        return criterion_flags(
+            "ce_scl",
+            lam,
+            temperature,
+            acl_grad=None if plain else True,
+            acl_grad_threshold=None if plain else f"{CE_SCL_ANGLE_THRESHOLD:g}",
+        )
+    if run.method == "ce_scl_grad":  # CE+SCL gated by ACL-Grad
+        return criterion_flags("ce_scl", lam, temperature, True, threshold)
+    if run.method == "acl_embed":  # ACL without its gate
+        return criterion_flags("acl_embed", lam, temperature, acl_grad=False)
+    exits = {"exit_layers": opts.exit_layers or None, "exit_weighting": opts.exit_weighting}
+    if run.method in ("multi_exit_joint", "joint_from_acl"):
+        return criterion_flags(run.method, **exits)
+    if run.method != "acl_cl":
+        return criterion_flags(run.method, lam, temperature, acl_grad_threshold=threshold)
+    variant = []
+    if opts.cross_layer_weighting != "exit":
+        variant += ["--cross-layer-weighting", opts.cross_layer_weighting]
+    if opts.acl_cl_teacher == "frozen":
+        assert run.stage1 is not None
+        stage1_best = opts.out / "runs" / run.stage1.name / "checkpoint_best.pt"
+        variant += ["--frozen-teacher", str(stage1_best)]
+    cross = f"{opts.cross_layer_lambda:g}"
+    flags = criterion_flags(
+        "acl_cl", lam, temperature, acl_grad_threshold=threshold, cross_layer_lambda=cross, **exits
+    )
+    return flags + variant
 
 
 def grad_threshold(run: Run, opts: argparse.Namespace) -> float | None:
     """The ACL-Grad threshold a run uses (None: no angles are measured)."""
     if run.method == "ce_scl":
         return None if opts.ce_scl_plain else CE_SCL_ANGLE_THRESHOLD
-    if run.method in ("acl", "acl_cl"):
+    if run.method in ("ce_scl_grad", "acl", "acl_cl"):
         return opts.acl_grad_threshold
     return None
 
@@ -79,42 +81,39 @@ def grad_threshold(run: Run, opts: argparse.Namespace) -> float | None:
 def train_command(run: Run, opts: argparse.Namespace, run_dir: Path) -> list[str]:
     updates = total_updates(opts, run)
     if run.stage1 is not None:
-        restore = [str(opts.out / "runs" / run.stage1.name / "checkpoint_best.pt")]
+        restore: Path | None = opts.out / "runs" / run.stage1.name / "checkpoint_best.pt"
     elif opts.restore_file.lower() == "none":
-        restore = []
+        restore = None
     else:
-        restore = [str(Path(opts.restore_file).resolve())]
-    if restore:
-        restore = ["--restore-file", *restore, "--reset-optimizer", "--reset-dataloader"]
-        restore.append("--reset-meters")
-    validate_every = opts.validate_interval_updates or max(1, updates // 3)
-    cmd = [
-        str(BIN / "fairseq-train"), str(opts.data), "--user-dir", str(USER_DIR),
-        "--task", "acl_sentence_prediction", *multi_exit_arch(opts.arch_args),
-        *method_flags(run, opts), "--exit-pooling", opts.exit_pooling, *restore,
-        "--num-classes", str(opts.num_classes), "--init-token", "0",
-        *(["--separator-token", "2"] if (opts.data / "input1").is_dir() else []),
-        "--batch-size", str(opts.batch_size), "--required-batch-size-multiple", "1",
-        "--max-epoch", str(run_epochs(run, opts)),
-        *(["--max-update", str(opts.max_update)] if opts.max_update else []),
-        "--optimizer", "adam", "--adam-betas", "(0.9,0.98)", "--adam-eps", "1e-6",
-        "--weight-decay", "0.1", "--lr", f"{opts.lr:g}", "--lr-scheduler", "polynomial_decay",
-        "--total-num-update", str(updates),
-        "--warmup-updates", str(max(1, updates * opts.warmup_percent // 100)),
-        "--valid-subset", opts.dev_subset,
-        "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
-        "--no-epoch-checkpoints", "--no-last-checkpoints", "--no-save-optimizer-state",
-        "--save-dir", str(run_dir), "--seed", str(run.seed),
-        *(["--cpu"] if opts.cpu else []), "--num-workers", "0",
-        "--log-format", "json", "--log-interval", str(opts.log_interval),
-        "--validate-interval-updates", str(validate_every),
-        # fairseq saves checkpoint_best.pt only where it saves: at every validation, so the
-        # best checkpoint is the best dev record (the interval copies are deleted after training)
-        "--save-interval-updates", str(validate_every), "--keep-interval-updates", "1",
-        "--acl-grad-log", str(run_dir / "angles.tsv"),
-        *run_extra_args(run, opts),
-    ]  # fmt: skip
-    return cmd
+        restore = Path(opts.restore_file).resolve()
+    # fairseq saves checkpoint_best.pt only where it saves: at every validation, so the best
+    # checkpoint is the best dev record (the interval copies are deleted after training)
+    return fairseq_train_command(
+        opts.data,
+        run_dir,
+        arch=multi_exit_arch(opts.arch_args),
+        criterion=method_flags(run, opts),
+        exit_pooling=opts.exit_pooling,
+        restore=restore,
+        num_classes=opts.num_classes,
+        separator_token=(opts.data / "input1").is_dir(),
+        batch_size=opts.batch_size,
+        required_batch_size_multiple=1,
+        max_epoch=run_epochs(run, opts),
+        max_update=opts.max_update or None,
+        lr=f"{opts.lr:g}",
+        total_updates=updates,
+        warmup_updates=max(1, updates * opts.warmup_percent // 100),
+        valid_subset=opts.dev_subset,
+        best_metric="accuracy",
+        seed=run.seed,
+        cpu=opts.cpu,
+        num_workers=0,
+        log_format="json",
+        log_interval=opts.log_interval,
+        validate_interval_updates=opts.validate_interval_updates or max(1, updates // 3),
+        extra=["--acl-grad-log", str(run_dir / "angles.tsv"), *run_extra_args(run, opts)],
+    )
 
 
 def validate_command(opts: argparse.Namespace, checkpoint: Path) -> list[str]:
@@ -129,6 +128,26 @@ def validate_command(opts: argparse.Namespace, checkpoint: Path) -> list[str]:
         "--valid-subset", opts.test_subset, "--batch-size", str(opts.eval_batch_size),
         *(["--cpu"] if opts.cpu else []), "--num-workers", "0", "--log-format", "json",
     ]  # fmt: skip
+
+
+def save_predictions(
+    opts: argparse.Namespace, checkpoint: Path, path: Path, test: dict[str, float]
+) -> None:
+    """Every exit's prediction for every dev and test example of ``checkpoint``
+    (``predictions.tsv``, for per-example paired tests), checked against fairseq-validate's
+    test accuracy (which fairseq logs rounded to 0.1)."""
+    loaded = load_for_inference(checkpoint, opts.data)
+    splits = [
+        predict_split(loaded.model, loaded.task, split, opts.eval_batch_size)
+        for split in (opts.dev_subset, opts.test_subset)
+    ]
+    accuracy = splits[1].accuracy()
+    if "accuracy" in test and abs(accuracy - float(test["accuracy"])) > 0.05 + 1e-9:
+        raise RunFailed(
+            f"{checkpoint}: the per-example predictions give {accuracy:.2f}% on "
+            f"{opts.test_subset}, fairseq-validate {test['accuracy']}%"
+        )
+    write_predictions(path, splits)
 
 
 def portable(cmd: Sequence[str], opts: argparse.Namespace) -> list[str]:
@@ -218,6 +237,9 @@ def check_same_flags(run: Run, run_dir: Path, expected: list[str]) -> None:
     saved = json.loads(meta.read_text(encoding="utf-8")).get("train_command")
     if saved is None or saved == expected:
         return
+    # which installation's fairseq-train ran it does not change the run (a study restored
+    # on another machine or checkout)
+    saved, expected = ([Path(c[0]).name, *c[1:]] if c else c for c in (saved, expected))
     cosmetic = ("--log-interval ",)  # does not change the run's results
     old_flags, new_flags = (
         [g for g in flag_groups(args) if not g.startswith(cosmetic)] for args in (saved, expected)
@@ -239,7 +261,7 @@ def execute(
     """Trains (unless done) and evaluates one run; returns 'skipped', 'evaluated' or 'trained'.
     ``force``: train again even if done (``--force``, or its stage 1 was trained again)."""
     run_dir = opts.out / "runs" / run.name
-    test_json = run_dir / "test.json"
+    test_json = run_dir / RESULT_FILE
     cmd = train_command(run, opts, run_dir)
     expected = portable(cmd, opts)
     tag = f"[{index}/{progress.total}] {run.name}"
@@ -264,9 +286,10 @@ def execute(
             f"{tag}: training {updates} updates; {progress.elapsed()}, {progress.eta(remaining)}",
             flush=True,
         )
+        # a run linked from another folder (acl-fairseq-study) is trained where it lives
         if run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
+            shutil.rmtree(run_dir.resolve())
+        run_dir.resolve().mkdir(parents=True)
         (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n", encoding="utf-8")
         (run_dir / "run.json").write_text(
             json.dumps(
@@ -326,6 +349,7 @@ def execute(
             + _tail(run_dir / "test.log")
         )
     test = test_metrics((run_dir / "test.log").read_text(encoding="utf-8"), opts.test_subset)
+    save_predictions(opts, best, run_dir / PREDICTIONS_FILE, test)
     meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     result = {
         **{k: v for k, v in meta.items() if k != "train_command"},
@@ -336,7 +360,7 @@ def execute(
         "angles": angle_summary(read_angle_log(run_dir / "angles.tsv")),
         "seconds": round(time.time() - start, 1),
     }
-    test_json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_result(run_dir, result)
     if run.sweep and not opts.keep_sweep_checkpoints:
         best.unlink()
     if not trained_before:

@@ -1,5 +1,5 @@
 import sys
 
-from acl_fairseq.cli.prepare.cli import console_main as main
+from .cli import main
 
 sys.exit(main())

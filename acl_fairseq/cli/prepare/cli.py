@@ -63,24 +63,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from acl_fairseq.cli.prepare.binarize import Options, prepare_task
-from acl_fairseq.cli.prepare.tasks import (
-    GLUE_TASKS,
-    BadRow,
-    DataError,
-    SplitSpec,
-    TaskSpec,
-    format_bad_rows,
-    load_task,
-    resolve_tasks,
-)
-from acl_fairseq.cli.prepare.tokenizers import TOKENIZERS, TokenizerConfig
+from acl_fairseq.data.binarize import Options, prepare_tasks
+from acl_fairseq.data.tasks import GLUE_TASKS, DataError, TaskSpec, resolve_tasks, tsv_task
+from acl_fairseq.data.tokenizers import TOKENIZERS, TokenizerConfig
 
 logger = logging.getLogger("prepare_glue")
 
 
 def custom_task(args: argparse.Namespace) -> TaskSpec:
-    """Build the TaskSpec of ``--task custom`` from the command line."""
+    """The TaskSpec of ``--task custom`` from the command line."""
     if not args.train or not args.valid or not args.text_columns or args.label_column is None:
         raise DataError("--task custom needs --train, --valid, --text-columns and --label-column")
     try:
@@ -89,36 +80,18 @@ def custom_task(args: argparse.Namespace) -> TaskSpec:
         raise DataError(f"--text-columns must be like 1 or 1,2: {args.text_columns!r}") from None
     if not 1 <= len(text_columns) <= 2 or min(text_columns) < 1 or args.label_column < 1:
         raise DataError("--text-columns takes one or two 1-based columns, --label-column one")
-    labels = tuple(x.strip() for x in args.labels.split(",")) if args.labels else None
-    splits = [
-        SplitSpec(
-            "train",
-            str(Path(args.train).resolve()),
-            text_columns,
-            args.label_column,
-            header=args.header,
-        ),
-        SplitSpec(
-            "valid",
-            str(Path(args.valid).resolve()),
-            text_columns,
-            args.label_column,
-            header=args.header,
-        ),
-    ]
-    if args.test:
-        test_label = None if args.test_unlabeled else args.label_column
-        splits.append(
-            SplitSpec(
-                "test", str(Path(args.test).resolve()), text_columns, test_label, header=args.header
-            )
-        )
-    return TaskSpec(
+    return tsv_task(
         args.name,
-        tuple(splits),
-        labels=None if args.regression else labels,
+        args.train,
+        args.valid,
+        args.test,
+        text_columns,
+        args.label_column,
+        header=args.header,
+        labels=tuple(x.strip() for x in args.labels.split(",")) if args.labels else None,
         regression=args.regression,
         label_divisor=args.label_divisor,
+        test_unlabeled=args.test_unlabeled,
     )
 
 
@@ -258,24 +231,14 @@ def run(args: argparse.Namespace) -> list[Path]:
         preprocess_subprocess=args.preprocess_subprocess,
     )
 
-    loaded = []
-    all_bad: list[BadRow] = []
-    for task in tasks:
-        splits, bad = load_task(task, glue_dir)
-        loaded.append((task, splits, bad))
-        all_bad.extend(bad)
-    if all_bad and not opts.skip_bad_rows:
-        raise DataError(
-            f"{len(all_bad)} bad row(s) (use --skip-bad-rows to skip them):\n"
-            + format_bad_rows(all_bad)
-        )
-    if all_bad:
-        logger.warning("skipping %d bad row(s):\n%s", len(all_bad), format_bad_rows(all_bad))
-    return [prepare_task(task, splits, opts, len(bad)) for task, splits, bad in loaded]
+    return prepare_tasks(tasks, glue_dir, opts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns the exit status."""
+    """The ``acl-fairseq-prepare`` command (logging to stderr); returns the exit status."""
+    level = os.environ.get("LOGLEVEL", "INFO").upper()
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=level)
+    logging.getLogger().setLevel(level)  # importing fairseq set the root logger to DEBUG
     args = build_parser().parse_args(argv)
     try:
         run(args)
@@ -285,14 +248,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def console_main() -> int:
-    """The ``acl-fairseq-prepare`` command: ``main`` with logging to stderr."""
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        level=os.environ.get("LOGLEVEL", "INFO").upper(),
-    )
-    return main()
-
-
 if __name__ == "__main__":
-    sys.exit(console_main())
+    sys.exit(main())

@@ -1,5 +1,5 @@
 import sys
 
-from acl_fairseq.cli.study.cli import main
+from .cli import main
 
 sys.exit(main())

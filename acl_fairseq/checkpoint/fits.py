@@ -1,0 +1,73 @@
+"""Whether a checkpoint fits the model (and the data's dictionary): a clear error naming the
+flag before torch's shape mismatch. Used by ``--task acl_sentence_prediction`` when it loads a
+state dict (``--restore-file``, ``--finetune-from-model``, ``--path``)."""
+
+import re
+
+import torch
+
+__all__ = ["check_checkpoint_fits", "load_state_dict_checked"]
+
+_CHECKPOINT = "cannot load the checkpoint (--restore-file, --finetune-from-model or --path)"
+_EMBED = "encoder.sentence_encoder.embed_tokens.weight"
+_LAYER = re.compile(r"encoder\.sentence_encoder\.layers\.(\d+)\.")
+
+
+def load_state_dict_checked(model, state_dict, *args, **kwargs):
+    strict = kwargs.get("strict", args[0] if args else True)
+    data = getattr(getattr(model, "args", None), "data", "DATA")
+    check_checkpoint_fits(state_dict, model.state_dict(), data, strict=strict)
+    return type(model).load_state_dict(model, state_dict, *args, **kwargs)
+
+
+def _num_layers(keys) -> int:
+    found = [int(m.group(1)) for k in keys if (m := _LAYER.match(k))]
+    return max(found) + 1 if found else 0
+
+
+def check_checkpoint_fits(state_dict, model_state, data: str, strict: bool = True) -> None:
+    """Raises a ValueError that names the flag when a RoBERTa-style checkpoint does not fit.
+
+    Only cases torch would reject anyway: a different vocabulary, embedding size, layer count
+    (when loading strictly) or tensor shape. Classification heads are left to RoBERTa's own
+    upgrade, which replaces heads of another size.
+    """
+
+    def body(state):
+        out = {}
+        for k, v in state.items():
+            k = "encoder." + k[len("decoder.") :] if k.startswith("decoder.") else k
+            if torch.is_tensor(v) and not k.startswith("classification_heads."):
+                out[k] = v
+        return out
+
+    ckpt, own = body(state_dict), body(model_state)
+    if _EMBED in ckpt and _EMBED in own and ckpt[_EMBED].shape != own[_EMBED].shape:
+        (cv, cd), (mv, md) = ckpt[_EMBED].shape, own[_EMBED].shape
+        if cd != md:
+            raise ValueError(
+                f"{_CHECKPOINT}: its embeddings have {cd} dimensions, this model's {md} "
+                "(--encoder-embed-dim / --arch must match the checkpoint's)"
+            )
+        raise ValueError(
+            f"{_CHECKPOINT}: its vocabulary has {cv} entries, this model's {mv} (from "
+            f"{data}/input0/dict.txt). The data was binarized with another dictionary than the "
+            "checkpoint's: binarize it again with fairseq-preprocess --srcdict <the "
+            "checkpoint's dict.txt>"
+        )
+    layers_ckpt, layers_own = _num_layers(ckpt), _num_layers(own)
+    if strict and layers_ckpt and layers_own and layers_ckpt != layers_own:
+        raise ValueError(
+            f"{_CHECKPOINT}: it has {layers_ckpt} encoder layers, this model {layers_own} "
+            "(--encoder-layers / --arch must match the checkpoint's)"
+        )
+    for k, v in own.items():
+        if k in ckpt and ckpt[k].shape != v.shape:
+            hint = "--arch and the --encoder-* sizes must match the checkpoint's"
+            if k.endswith("embed_positions.weight"):
+                # learned positions: max_positions + padding_idx + 1 rows
+                hint = f"--max-positions: {ckpt[k].shape[0] - 2} in the checkpoint"
+            raise ValueError(
+                f"{_CHECKPOINT}: {k} is {tuple(ckpt[k].shape)} in the checkpoint but "
+                f"{tuple(v.shape)} in this model ({hint})"
+            )

@@ -1,0 +1,243 @@
+"""Classify raw text with a fine-tuned checkpoint, at full depth or with early exit.
+
+Usage::
+
+    echo "a gripping, beautifully acted film" | acl-fairseq-predict --path CHECKPOINT
+    acl-fairseq-predict CHECKPOINT --input sentences.txt --policy entropy:0.3
+    acl-fairseq-predict CHECKPOINT --input pairs.tsv --text-columns 1,2 --header
+
+One output line per input line, in input order: ``label<TAB>probability<TAB>exit_layer``
+(the label dictionary's string, the softmax probability of that label at the exit it was taken
+from, the 1-based layer of that exit). A summary goes to stderr.
+
+The text is encoded exactly as the training data: the tokenizer recorded by
+``acl-fairseq-prepare`` in ``DATA/prepare_glue.json``, the source dictionary, the task's
+``--init-token`` / ``--separator-token`` (``acl_fairseq.data.text_encoder``).
+``DATA`` is the checkpoint's own data folder unless ``--data`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import Tensor
+
+from acl_fairseq.checkpoint.inference import CheckpointError, load_for_inference
+from acl_fairseq.cli.predict.inputs import (
+    PredictError,
+    encode_rows,
+    parse_columns,
+    read_input,
+    read_rows,
+)
+from acl_fairseq.data.prepared import read_meta
+from acl_fairseq.data.tasks import DataError
+from acl_fairseq.data.text_encoder import ExampleEncoder
+from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
+from acl_fairseq.early_exit.saved_policy import POLICY_FILE, policy_path, read_policy
+from acl_fairseq.models.heads import DEFAULT_HEAD
+
+PROG = "acl-fairseq-predict"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Classify raw text (one example per line) with a fine-tuned checkpoint.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("checkpoint", nargs="?", help="fairseq checkpoint (or --path)")
+    p.add_argument("--path", dest="path_opt", metavar="CHECKPOINT", help="same as CHECKPOINT")
+    p.add_argument("--input", default="-", help="text file, one example per line; - is stdin")
+    p.add_argument(
+        "--text-columns", help="read the input as TSV: its 1-based text column(s), e.g. 1,2"
+    )
+    p.add_argument("--header", action="store_true", help="skip the first input line")
+    p.add_argument(
+        "--policy",
+        help="early exit, e.g. entropy:0.3, maxprob:0.9, patience:2; 'saved': the policy "
+        "acl-fairseq-sweep wrote to early_exit_policy.json next to the checkpoint; 'none': "
+        "full depth (default: saved when that file exists, else full depth)",
+    )
+    p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass")
+    p.add_argument("--head", default=DEFAULT_HEAD, help="classification head")
+    p.add_argument("--data", help="prepared data folder (default: the checkpoint's own)")
+    p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
+    return p
+
+
+def num_layers(model: Any) -> int:
+    """Encoder layer count of a (multi-exit or plain) RoBERTa model."""
+    if hasattr(model, "num_layers"):
+        return int(model.num_layers)
+    return len(model.encoder.sentence_encoder.layers)
+
+
+def run_batches(
+    model: Any,
+    examples: Sequence[Tensor],
+    policy: ExitPolicy | None,
+    head: str,
+    batch_size: int,
+    pad: int,
+    device: torch.device,
+) -> list[tuple[int, float, int, float]]:
+    """``(class index, probability, exit layer, first logit)`` per example, in the order of
+    ``examples`` (the first logit is a regression model's output); batches are formed by
+    length (less padding) and the order restored."""
+    from fairseq.data import data_utils
+
+    order = sorted(range(len(examples)), key=lambda i: examples[i].numel())
+    results: list[tuple[int, float, int, float]] = [(0, 0.0, 0, 0.0)] * len(examples)
+    depth = num_layers(model)
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            ids = order[start : start + batch_size]
+            tokens = data_utils.collate_tokens([examples[i] for i in ids], pad).to(device)
+            if policy is None:
+                logits = model(tokens, classification_head_name=head)[0]
+                layers = torch.full((len(ids),), depth, dtype=torch.long)
+            else:
+                result = model.early_exit(tokens, policy, classification_head_name=head)
+                logits, layers = result.logits, result.exit_layers
+            probs = torch.softmax(logits.float(), dim=-1)
+            best, preds = probs.max(dim=-1)
+            for k, i in enumerate(ids):
+                results[i] = (int(preds[k]), float(best[k]), int(layers[k]), float(logits[k, 0]))
+    return results
+
+
+def choose_policy(spec: str | None, checkpoint: str) -> tuple[ExitPolicy | None, str]:
+    """``(policy or None for full depth, a line saying which)`` for ``--policy spec``.
+
+    ``None`` (the default): the saved policy when ``early_exit_policy.json`` is next to the
+    checkpoint, else full depth; ``saved``: that file (an error without it); ``none``: full
+    depth; anything else: ``parse_policy``.
+    """
+    name = (spec or "").strip().lower()
+    if name == "none":
+        return None, "full depth (--policy none)"
+    if spec is None or name == "saved":
+        try:
+            saved = read_policy(checkpoint)
+        except ValueError as e:
+            raise PredictError(f"--policy saved: {e}") from None
+        if saved is None:
+            if spec is not None:
+                raise PredictError(
+                    f"--policy saved: no {policy_path(checkpoint)}; write one with "
+                    "acl-fairseq-sweep CHECKPOINT DATA --max-accuracy-drop D (or "
+                    "--target-speedup S), or give a policy such as entropy:0.3"
+                )
+            return None, f"full depth (no {POLICY_FILE} next to the checkpoint)"
+        return saved.policy, (
+            f"{saved.policy.spec} (saved in {saved.path}: {saved.describe()}; "
+            "--policy none for full depth)"
+        )
+    try:
+        return parse_policy(spec), spec
+    except ValueError as e:
+        raise PredictError(f"--policy: {e}") from None
+
+
+def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+    columns = parse_columns(args.text_columns)
+    if args.batch_size < 1:
+        raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
+    policy, described = choose_policy(args.policy, args.checkpoint)
+    if not Path(args.checkpoint).is_file():
+        raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    try:
+        model, task, data = load_for_inference(args.checkpoint, args.data, device)
+    except CheckpointError as e:
+        raise PredictError(str(e)) from None
+    if args.head not in model.classification_heads:
+        heads = ", ".join(sorted(model.classification_heads)) or "none"
+        raise PredictError(f"--head {args.head}: not in {args.checkpoint} (heads: {heads})")
+    regression = bool(getattr(task.cfg, "regression_target", False))
+    if (
+        args.policy is None
+        and policy is not None
+        and (regression or not hasattr(model, "early_exit"))
+    ):
+        policy, described = None, "full depth (the saved policy needs a multi-exit classifier)"
+    stderr.write(f"{PROG}: policy: {described}\n")
+    if policy is not None and not hasattr(model, "early_exit"):
+        raise PredictError(
+            f"--policy {args.policy}: {args.checkpoint} holds a {type(model).__name__} with "
+            "one exit, so only full depth is possible: drop --policy (or train a multi-exit "
+            "model, --arch multi_exit_roberta*)"
+        )
+    if regression and policy is not None:
+        raise PredictError("--policy: early exit needs a classification (not regression) model")
+    from fairseq import utils
+
+    max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+    try:
+        encoder = ExampleEncoder.from_task(task, data, int(max_positions))
+    except DataError as e:
+        raise PredictError(
+            f"--data {data}: {e} (the raw text is encoded with the tokenizer recorded at "
+            "preparation)"
+        ) from None
+    source = "stdin" if args.input == "-" else args.input
+    rows = read_rows(read_input(args.input, stdin), source, columns, args.header)
+    if columns is None and encoder.num_inputs == 2:
+        raise PredictError(
+            f"{args.checkpoint} is a sentence-pair model: give a TSV with --text-columns 1,2"
+        )
+    examples = encode_rows(encoder, rows, source)
+
+    start = time.perf_counter()
+    results = run_batches(
+        model, examples, policy, args.head, args.batch_size, encoder.dictionary.pad(), device
+    )
+    seconds = time.perf_counter() - start
+    labels = task.label_dictionary
+    divisor = float(read_meta(data).get("label_divisor") or 1.0) if regression else 1.0
+    for index, prob, layer, value in results:
+        if regression:  # the score in the units of the raw labels; no probability
+            stdout.write(f"{value * divisor:.4g}\t-\t{layer}\n")
+        else:
+            stdout.write(f"{labels[index + labels.nspecial]}\t{prob:.4f}\t{layer}\n")
+    stdout.flush()
+    mean_layer = sum(r[2] for r in results) / len(results) if results else 0.0
+    rate = len(results) / seconds if seconds > 0 else float("inf")
+    label = described.split()[0] if policy is not None else "full depth"
+    stderr.write(
+        f"{PROG}: {len(results)} sentences, {rate:.1f} sentences/s, mean exit layer "
+        f"{mean_layer:.2f} of {num_layers(model)} ({label})\n"
+    )
+    return 0
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.checkpoint and args.path_opt and args.checkpoint != args.path_opt:
+        parser.error(f"checkpoint given twice: {args.checkpoint} and --path {args.path_opt}")
+    args.checkpoint = args.checkpoint or args.path_opt
+    if not args.checkpoint:
+        parser.error("CHECKPOINT is required (positional or --path)")
+    stderr = stderr or sys.stderr
+    try:
+        return predict_main(args, stdin or sys.stdin, stdout or sys.stdout, stderr)
+    except PredictError as e:
+        stderr.write(f"{PROG}: error: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""``prepare_glue.json``, the summary ``acl-fairseq-prepare`` writes into a ``TASK-bin`` folder
+(task, tokenizer, labels, row counts): its writer and its reader."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .tasks import DataError
+from .tokenizer_files import resolve_tokenizer
+from .tokenizers import Tokenizer, TokenizerConfig, build_tokenizer
+
+META_FILE = "prepare_glue.json"
+
+
+def write_meta(bin_dir: Path, meta: dict[str, Any]) -> Path:
+    """Writes ``bin_dir/prepare_glue.json``."""
+    path = bin_dir / META_FILE
+    path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_meta(data_dir: str | Path) -> dict[str, Any]:
+    """The ``prepare_glue.json`` of a prepared ``TASK-bin`` folder, with the tokenizer's file
+    paths resolved (relative ones against ``data_dir``, see :func:`resolve_tokenizer`)."""
+    path = Path(data_dir) / META_FILE
+    if not path.is_file():
+        raise DataError(f"{path} not found: was {data_dir} written by acl-fairseq-prepare?")
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    config = resolve_tokenizer(TokenizerConfig(**meta["tokenizer"]), data_dir)
+    return {**meta, "tokenizer": asdict(config)}
+
+
+def meta_tokenizer_config(data_dir: str | Path) -> TokenizerConfig:
+    """The tokenizer recorded at preparation, its files in the folder (``sentencepiece.model``,
+    ``tokenizer/...``); older absolute paths are still accepted."""
+    return TokenizerConfig(**read_meta(data_dir)["tokenizer"])
+
+
+def meta_tokenizer(data_dir: str | Path) -> Tokenizer:
+    """The ``Tokenizer`` a prepared folder's text was encoded with, to encode new text alike."""
+    return build_tokenizer(meta_tokenizer_config(data_dir))

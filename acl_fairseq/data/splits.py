@@ -1,0 +1,110 @@
+"""The binarized splits of a prepared data folder (``DATA/input0``, ``DATA/label``): whether a
+split is there, how many examples and classes it has, and its first examples as evaluation
+batches in a fixed order."""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_split", "count_classes", "count_examples", "load_batches"]
+
+
+def check_split(data: str | Path, split: str) -> None:
+    """Raise ``ValueError`` (naming ``--split`` / ``--data``) unless ``split`` is binarized."""
+    input0 = Path(data) / "input0"
+    if not input0.is_dir():
+        raise ValueError(f"--data {data}: no input0/ folder (a binarized sentence_prediction dir)")
+    if not (input0 / f"{split}.idx").is_file():
+        found = ", ".join(sorted(p.stem for p in input0.glob("*.idx"))) or "none"
+        raise ValueError(
+            f"--split {split}: {input0}/{split}.bin/.idx not found (splits there: {found}); "
+            "pick one with --split"
+        )
+
+
+def count_examples(data: Path, split: str = "train") -> int:
+    """Examples in ``DATA/input0/SPLIT`` (reads the index header; fairseq as a fallback).
+
+    Raises ``FileNotFoundError`` naming the index file when the split is not there.
+    """
+    idx = data / "input0" / f"{split}.idx"
+    if not idx.exists():
+        raise FileNotFoundError(
+            f"{idx} not found: is {data} a binarized sentence_prediction dataset?"
+        )
+    with open(idx, "rb") as f:
+        if f.read(9) == b"MMIDIDX\x00\x00":
+            f.read(8 + 1)  # version, dtype code
+            return struct.unpack("<Q", f.read(8))[0]
+    from fairseq.data import data_utils
+
+    dataset = data_utils.load_indexed_dataset(str(data / "input0" / split), None)
+    return len(dataset)
+
+
+def count_classes(data: Path) -> int:
+    """Labels listed with a non-zero count in ``DATA/label/dict.txt`` (as the task checks).
+
+    Raises ``FileNotFoundError`` when there is no such file.
+    """
+    path = data / "label" / "dict.txt"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: pass --num-classes")
+    n = 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] != "<mask>" and parts[1].lstrip("-").isdigit():
+            n += int(parts[1]) > 0
+    return n
+
+
+def load_batches(
+    task: Any,
+    split: str,
+    batch_size: int,
+    max_examples: int | None = None,
+    device: torch.device | str = "cpu",
+    max_positions: Any = None,
+) -> list[tuple[Tensor, Tensor]]:
+    """The first ``max_examples`` examples of ``split`` in fixed order, ``batch_size`` per
+    batch, as ``(src_tokens B x T, target B)`` on ``device``.
+
+    Uses the task's dataset and ``task.get_batch_iterator`` (no shuffling), so every batch size
+    sees the same examples in the same order. Examples longer than ``max_positions`` are
+    skipped.
+    """
+    if split not in task.datasets:
+        task.load_dataset(split)
+    dataset = task.dataset(split)
+    itr = task.get_batch_iterator(
+        dataset=dataset,
+        max_sentences=batch_size,
+        max_positions=max_positions,
+        ignore_invalid_inputs=True,
+        seed=1,
+        num_workers=0,
+    ).next_epoch_itr(shuffle=False)
+    pad = task.source_dictionary.pad()
+    batches: list[tuple[Tensor, Tensor]] = []
+    remaining = math.inf if max_examples is None else max_examples
+    for sample in itr:
+        if remaining <= 0:
+            break
+        tokens = sample["net_input"]["src_tokens"]
+        target = sample["target"].view(-1)
+        if tokens.size(0) > remaining:
+            keep = int(remaining)
+            tokens, target = tokens[:keep], target[:keep]
+            width = int(tokens.ne(pad).sum(dim=1).max())
+            tokens = tokens[:, :width]
+        remaining -= tokens.size(0)
+        batches.append((tokens.to(device), target.to(device)))
+    if not batches:
+        raise ValueError(f"split {split!r} has no examples")
+    return batches

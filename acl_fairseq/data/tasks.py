@@ -1,0 +1,374 @@
+"""Task specs of the preparation: the GLUE task table, TSV reading and the rows rejected."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger("prepare_glue")
+
+MAX_LISTED_BAD_ROWS = 20
+
+
+class DataError(Exception):
+    """A user-facing problem with the input data or the arguments (reported without traceback)."""
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """One input file of a task: where its columns are (1-based, as ``cut -f``)."""
+
+    kind: str  # "train", "valid" or "test"
+    filename: str  # relative to GLUE_DIR/TASK, or an absolute path (custom mode)
+    text_columns: tuple[int, ...]
+    label_column: int | None  # None: unlabeled (GLUE test files)
+    num_fields: int | None = None  # official number of tab-separated fields, None: unknown
+    header: bool = True
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A sentence(-pair) classification or regression task."""
+
+    name: str
+    splits: tuple[SplitSpec, ...]
+    labels: tuple[str, ...] | None = None  # allowed labels; None: anything seen in train
+    regression: bool = False
+    label_range: tuple[float, float] | None = None
+    label_divisor: float = 1.0  # regression targets are written as value / label_divisor
+    strict_num_fields: bool = False  # rows with another field count are bad (QQP, as fairseq)
+
+    @property
+    def num_inputs(self) -> int:
+        """Number of text inputs (1 or 2)."""
+        return len(self.splits[0].text_columns)
+
+
+def _glue_splits(
+    fields: int,
+    text_columns: tuple[int, ...],
+    label_column: int,
+    test_fields: int,
+    test_columns: tuple[int, ...],
+    header: bool = True,
+) -> tuple[SplitSpec, ...]:
+    """The usual train.tsv / dev.tsv / test.tsv triple."""
+    return (
+        SplitSpec("train", "train.tsv", text_columns, label_column, fields, header),
+        SplitSpec("valid", "dev.tsv", text_columns, label_column, fields, header),
+        SplitSpec("test", "test.tsv", test_columns, None, test_fields, True),
+    )
+
+
+BINARY = ("0", "1")
+ENTAILMENT = ("entailment", "not_entailment")
+
+GLUE_TASKS: dict[str, TaskSpec] = {
+    "QQP": TaskSpec(
+        "QQP", _glue_splits(6, (4, 5), 6, 3, (2, 3)), labels=BINARY, strict_num_fields=True
+    ),
+    "MNLI": TaskSpec(
+        "MNLI",
+        (
+            SplitSpec("train", "train.tsv", (9, 10), 12, 12),
+            SplitSpec("valid", "dev_matched.tsv", (9, 10), 16, 16),
+            SplitSpec("valid", "dev_mismatched.tsv", (9, 10), 16, 16),
+            SplitSpec("test", "test_matched.tsv", (9, 10), None, 10),
+            SplitSpec("test", "test_mismatched.tsv", (9, 10), None, 10),
+        ),
+        labels=("contradiction", "entailment", "neutral"),
+    ),
+    "QNLI": TaskSpec("QNLI", _glue_splits(4, (2, 3), 4, 3, (2, 3)), labels=ENTAILMENT),
+    "MRPC": TaskSpec("MRPC", _glue_splits(5, (4, 5), 1, 5, (4, 5)), labels=BINARY),
+    "RTE": TaskSpec("RTE", _glue_splits(4, (2, 3), 4, 3, (2, 3)), labels=ENTAILMENT),
+    "STS-B": TaskSpec(
+        "STS-B",
+        _glue_splits(10, (8, 9), 10, 9, (8, 9)),
+        regression=True,
+        label_range=(0.0, 5.0),
+        label_divisor=5.0,
+    ),
+    "SST-2": TaskSpec("SST-2", _glue_splits(2, (1,), 2, 2, (2,)), labels=BINARY),
+    # CoLA train/dev have no header line (the test file has one).
+    "CoLA": TaskSpec("CoLA", _glue_splits(4, (4,), 2, 2, (2,), header=False), labels=BINARY),
+}
+
+
+def output_split_names(splits: Sequence[SplitSpec]) -> list[str]:
+    """fairseq names: the k-th file of a kind is ``kind`` for k=0, else ``kind{k}``."""
+    seen: Counter[str] = Counter()
+    names = []
+    for split in splits:
+        k = seen[split.kind]
+        names.append(split.kind if k == 0 else f"{split.kind}{k}")
+        seen[split.kind] += 1
+    return names
+
+
+def resolve_tasks(value: str) -> list[TaskSpec]:
+    """Parse ``--tasks`` (``all`` or a comma list, case- and hyphen-insensitive)."""
+    lookup = {name.lower().replace("-", ""): spec for name, spec in GLUE_TASKS.items()}
+    if value.strip().lower() == "all":
+        return list(GLUE_TASKS.values())
+    tasks = []
+    for raw in value.split(","):
+        key = raw.strip().lower().replace("-", "")
+        if key not in lookup:
+            raise DataError(
+                f"unknown task {raw.strip()!r}; choose from {', '.join(GLUE_TASKS)}, all or custom"
+            )
+        if lookup[key] not in tasks:
+            tasks.append(lookup[key])
+    return tasks
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and validating rows
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """A rejected row, reported as ``file:line: reason``."""
+
+    path: Path
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+@dataclass
+class SplitData:
+    """The good rows of one file: texts per input column and labels."""
+
+    name: str  # fairseq split name (train, valid, valid1, test, ...)
+    path: Path
+    texts: list[list[str]]  # texts[input_index][row]
+    labels: list[str] | None
+    line_numbers: list[int] = field(default_factory=list)
+    extra_field_rows: int = 0
+
+    def __len__(self) -> int:
+        return len(self.line_numbers)
+
+
+def iter_tsv(path: Path, header: bool) -> Iterable[tuple[int, list[str] | None]]:
+    """Yield ``(line_number, fields)`` for the data lines of a TSV file.
+
+    Lines are split on ``\\n`` only and fields on ``\\t`` only, without any quoting, exactly
+    like ``cut -f`` in fairseq's recipe (GLUE text contains quote characters). ``fields`` is
+    None when the line is not valid UTF-8.
+    """
+    data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for index, raw in enumerate(lines):
+        if header and index == 0:
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            yield index + 1, None
+            continue
+        if line.endswith("\r"):
+            line = line[:-1]
+        yield index + 1, line.split("\t")
+
+
+def check_label(value: str, task: TaskSpec) -> str | None:
+    """Return why ``value`` is not a valid label of ``task`` (None when it is)."""
+    if not value:
+        return "empty label"
+    if task.regression:
+        try:
+            number = float(value)
+        except ValueError:
+            return f"label {value!r} is not a number"
+        if not math.isfinite(number):
+            return f"label {value!r} is not a finite number"
+        if task.label_range is not None:
+            low, high = task.label_range
+            if not low <= number <= high:
+                return f"label {value!r} is outside [{low:g}, {high:g}]"
+        return None
+    if task.labels is not None and value not in task.labels:
+        return f"label {value!r} is not one of {', '.join(task.labels)}"
+    if any(c.isspace() for c in value):
+        return f"label {value!r} contains whitespace"
+    return None
+
+
+def check_row(
+    fields: list[str] | None, split: SplitSpec, task: TaskSpec
+) -> tuple[list[str], str | None, str | None]:
+    """Validate one row; return ``(texts, label, reason)`` where ``reason`` is None if good."""
+    if fields is None:
+        return [], None, "line is not valid UTF-8"
+    if task.strict_num_fields and split.num_fields and len(fields) != split.num_fields:
+        return [], None, f"expected {split.num_fields} tab-separated fields, found {len(fields)}"
+    columns = list(split.text_columns)
+    if split.label_column is not None:
+        columns.append(split.label_column)
+    needed = max(columns)
+    if len(fields) < needed:
+        expected = split.num_fields or needed
+        return (
+            [],
+            None,
+            (
+                f"missing field: expected {expected} tab-separated fields "
+                f"(column {needed} needed), found {len(fields)}"
+            ),
+        )
+    texts = [fields[c - 1].strip() for c in split.text_columns]
+    for column, text in zip(split.text_columns, texts):
+        if not text:
+            return [], None, f"empty text in column {column}"
+    label = None
+    if split.label_column is not None:
+        label = fields[split.label_column - 1].strip()
+        reason = check_label(label, task)
+        if reason:
+            return [], None, f"{reason} (column {split.label_column})"
+    return texts, label, None
+
+
+def read_split(
+    path: Path, split: SplitSpec, task: TaskSpec, name: str
+) -> tuple[SplitData, list[BadRow]]:
+    """Read one TSV file, keeping the good rows and returning the bad ones."""
+    data = SplitData(
+        name=name,
+        path=path,
+        texts=[[] for _ in split.text_columns],
+        labels=[] if split.label_column is not None else None,
+    )
+    bad: list[BadRow] = []
+    for line_number, fields in iter_tsv(path, split.header):
+        texts, label, reason = check_row(fields, split, task)
+        if reason is not None:
+            bad.append(BadRow(path, line_number, reason))
+            continue
+        for column, text in zip(data.texts, texts):
+            column.append(text)
+        if data.labels is not None:
+            data.labels.append(label)  # type: ignore[arg-type]
+        data.line_numbers.append(line_number)
+        if split.num_fields and fields is not None and len(fields) > split.num_fields:
+            data.extra_field_rows += 1
+    return data, bad
+
+
+def split_path(task: TaskSpec, split: SplitSpec, glue_dir: Path | None) -> Path:
+    """Where the file of ``split`` lives."""
+    path = Path(split.filename)
+    if path.is_absolute() or glue_dir is None:
+        return path
+    return glue_dir / task.name / split.filename
+
+
+def load_task(task: TaskSpec, glue_dir: Path | None) -> tuple[list[SplitData], list[BadRow]]:
+    """Read and validate all files of a task. Train/valid files are required, test optional."""
+    names = output_split_names(task.splits)
+    paths = [split_path(task, split, glue_dir) for split in task.splits]
+    missing = [p for s, p in zip(task.splits, paths) if s.kind != "test" and not p.is_file()]
+    if missing:
+        raise DataError(f"{task.name}: missing input file(s): {', '.join(map(str, missing))}")
+    missing_test = [p for s, p in zip(task.splits, paths) if s.kind == "test" and not p.is_file()]
+    if missing_test:
+        logger.warning(
+            "%s: no test split (missing %s)", task.name, ", ".join(map(str, missing_test))
+        )
+    splits: list[SplitData] = []
+    bad: list[BadRow] = []
+    train_labels: set[str] = set()
+    for spec, path, name in zip(task.splits, paths, names):
+        if spec.kind == "test" and missing_test:
+            continue
+        data, split_bad = read_split(path, spec, task, name)
+        if data.labels is not None and not task.regression:
+            if spec.kind == "train":
+                train_labels.update(data.labels)
+            else:
+                data, unseen = _drop_unseen_labels(data, train_labels)
+                split_bad.extend(unseen)
+        if len(data) == 0:
+            raise DataError(f"{task.name}: {path} has no usable rows")
+        if data.extra_field_rows:
+            logger.warning(
+                "%s: %d rows of %s have more than %d fields; columns are taken by position",
+                task.name,
+                data.extra_field_rows,
+                path,
+                spec.num_fields,
+            )
+        splits.append(data)
+        bad.extend(split_bad)
+    return splits, bad
+
+
+def _drop_unseen_labels(data: SplitData, known: set[str]) -> tuple[SplitData, list[BadRow]]:
+    """Reject rows whose label never occurs in the training data (fairseq would map it to unk)."""
+    assert data.labels is not None
+    keep = [i for i, label in enumerate(data.labels) if label in known]
+    bad = [
+        BadRow(data.path, data.line_numbers[i], f"label {label!r} does not occur in train")
+        for i, label in enumerate(data.labels)
+        if label not in known
+    ]
+    if not bad:
+        return data, []
+    data.texts = [[column[i] for i in keep] for column in data.texts]
+    data.labels = [data.labels[i] for i in keep]
+    data.line_numbers = [data.line_numbers[i] for i in keep]
+    return data, bad
+
+
+def format_bad_rows(bad: Sequence[BadRow], limit: int = MAX_LISTED_BAD_ROWS) -> str:
+    """First ``limit`` bad rows, one per line, plus how many more there are."""
+    lines = [f"  {row}" for row in bad[:limit]]
+    if len(bad) > limit:
+        lines.append(f"  ... and {len(bad) - limit} more")
+    return "\n".join(lines)
+
+
+def tsv_task(
+    name: str,
+    train: str | Path,
+    valid: str | Path,
+    test: str | Path | None,
+    text_columns: tuple[int, ...],
+    label_column: int,
+    header: bool = False,
+    labels: tuple[str, ...] | None = None,
+    regression: bool = False,
+    label_divisor: float = 1.0,
+    test_unlabeled: bool = False,
+) -> TaskSpec:
+    """A task of one's own TSV files (``--task custom``): 1-based text and label columns;
+    ``labels``: the allowed labels (default: those of train)."""
+    splits = [
+        SplitSpec("train", str(Path(train).resolve()), text_columns, label_column, header=header),
+        SplitSpec("valid", str(Path(valid).resolve()), text_columns, label_column, header=header),
+    ]
+    if test:
+        test_label = None if test_unlabeled else label_column
+        splits.append(
+            SplitSpec("test", str(Path(test).resolve()), text_columns, test_label, header=header)
+        )
+    return TaskSpec(
+        name,
+        tuple(splits),
+        labels=None if regression else labels,
+        regression=regression,
+        label_divisor=label_divisor,
+    )

@@ -1,0 +1,177 @@
+"""Convert a Hugging Face BERT checkpoint into a fairseq RoBERTa-architecture checkpoint.
+
+Input: a directory with ``config.json``, ``vocab.txt`` and the weights (``model.safetensors``,
+``pytorch_model.bin``, or a sharded ``*.index.json`` of either). ``BertModel`` checkpoints (no key
+prefix) and task checkpoints such as ``BertForMaskedLM`` / ``BertForSequenceClassification``
+(keys under ``bert.``) are accepted.
+
+Output directory:
+
+* ``model.pt``: a checkpoint that ``fairseq-train --restore-file model.pt --arch roberta ...``
+  (with ``--reset-optimizer --reset-dataloader --reset-meters``) loads with a strict state-dict
+  load. It contains only tensors and plain Python containers, so ``torch.load(weights_only=True)``
+  can read it.
+* ``dict.txt``: the fairseq dictionary. fairseq prepends ``<s> <pad> </s> <unk>`` (BERT's
+  ``[CLS] [PAD] [SEP] [UNK]``) and the ``sentence_prediction`` / ``masked_lm`` tasks append
+  ``<mask>`` (BERT's ``[MASK]``), so the embedding matrix has ``len(dictionary) + 1`` rows.
+* ``fairseq_args.txt``: one line with the ``--arch``/``--encoder-*`` flags matching the weights.
+* ``bert_to_fairseq_ids.json``: list mapping every BERT token id to its fairseq index.
+* copies of ``vocab.txt`` (and ``tokenizer.json`` etc. when present) for data preparation.
+
+Architecture mapping (both are post-LN encoders with an embedding LayerNorm and learned positions):
+fairseq's learned positions start at ``padding_idx + 1 = 2``, so the position table gets
+``max_position_embeddings + 2`` rows and row ``2 + i`` is BERT position ``i``. BERT's
+``token_type_embeddings[0]`` is added to every position row (segment B embeddings are dropped).
+LayerNorm eps differs (BERT 1e-12, fairseq 1e-5): for MiniLM-L6 this alone moves hidden states by
+up to 7.5e-3 (embedding LayerNorm; 1.7e-3 after the last layer). Setting ``module.eps`` of every
+``nn.LayerNorm`` of the fairseq model to the value stored in ``model.pt["conversion"]
+["layer_norm_eps"]`` makes them match Hugging Face to ~1e-6.
+
+The converted model also loads through fairseq's hub interface::
+
+    RobertaModel.from_pretrained(OUTDIR, "model.pt", data_name_or_path=OUTDIR,
+                                 bpe="bert", bpe_vocab_file=f"{OUTDIR}/vocab.txt")
+
+The command: ``acl-fairseq-convert-bert HF_DIR OUTDIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from acl_fairseq.hf_bert.state import (
+    DEFAULT_HEAD,
+    TOKENIZER_FILES,
+    ArchSpec,
+    ConversionError,
+    arch_from_config,
+    bert_state_to_fairseq,
+    build_vocab_mapping,
+    find_bert_prefix,
+    load_hf_config,
+    load_hf_state_dict,
+    read_special_tokens,
+    read_vocab,
+    write_dict,
+)
+
+logger = logging.getLogger("convert_hf_bert")
+
+
+# ----------------------------------------------------------------------------- checkpoint
+
+
+def build_checkpoint(
+    model_state: Mapping[str, torch.Tensor],
+    spec: ArchSpec,
+    metadata: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Wrap a state dict into the dict ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` and
+    ``Trainer.load_checkpoint`` expect (plain containers only)."""
+    model_cfg = {"_name": "roberta", "arch": "roberta", **asdict(spec)}
+    model_cfg.update(
+        encoder_normalize_before=False,
+        layernorm_embedding=True,
+        untie_weights_roberta=False,
+        encoder_learned_pos=True,
+        no_scale_embedding=True,
+    )
+    return {
+        "model": OrderedDict(model_state),
+        "cfg": {
+            "model": model_cfg,
+            "task": {"_name": "masked_lm", "data": "."},
+            "criterion": {"_name": "masked_lm"},
+            "bpe": None,  # BERT WordPiece is not a fairseq BPE: tokenize with vocab.txt
+            "tokenizer": None,
+        },
+        "optimizer_history": [
+            {
+                "criterion_name": "MaskedLmLoss",
+                "optimizer_name": "none",
+                "lr_scheduler_state": {"best": None},
+                "num_updates": 0,
+            }
+        ],
+        "last_optimizer_state": None,
+        "extra_state": {
+            "train_iterator": {"epoch": 1, "iterations_in_epoch": 0, "shuffle": True, "version": 2}
+        },
+        "conversion": dict(metadata),
+    }
+
+
+def convert(
+    hf_dir: str | Path,
+    out_dir: str | Path,
+    classification_head: str | None = DEFAULT_HEAD,
+    num_classes: int | None = None,
+) -> dict[str, Any]:
+    """Convert ``hf_dir`` into ``out_dir/{model.pt,dict.txt,fairseq_args.txt,...}``.
+
+    Returns:
+        summary with ``fairseq_args`` (list[str]), ``arch`` (dict), ``num_embeddings`` (rows of
+        the embedding matrix = len(dictionary) + 1), ``bert_to_fairseq`` (list[int]) and paths.
+    """
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    if not hf_dir.is_dir():
+        raise ConversionError(f"HF_DIR {hf_dir} is not a directory")
+    config = load_hf_config(hf_dir)
+    spec = arch_from_config(config, source=str(hf_dir / "config.json"))
+    vocab = read_vocab(hf_dir / "vocab.txt")
+    state = load_hf_state_dict(hf_dir)
+    word = state[find_bert_prefix(state) + "embeddings.word_embeddings.weight"]
+    if len(vocab) != word.shape[0]:
+        raise ConversionError(
+            f"{hf_dir / 'vocab.txt'} has {len(vocab)} tokens but word_embeddings has "
+            f"{word.shape[0]} rows; use the vocab.txt the model was trained with"
+        )
+    if "vocab_size" in config and int(config["vocab_size"]) != word.shape[0]:
+        raise ConversionError(
+            f"config.json vocab_size={config['vocab_size']} but word_embeddings has "
+            f"{word.shape[0]} rows"
+        )
+    special_tokens = read_special_tokens(hf_dir)
+    mapping = build_vocab_mapping(vocab, special_tokens)
+    pad_id = config.get("pad_token_id")
+    if pad_id is not None and vocab[pad_id] != special_tokens["pad_token"]:
+        logger.warning("config.json pad_token_id=%s is not %r", pad_id, special_tokens["pad_token"])
+
+    model_state = bert_state_to_fairseq(
+        state, spec, mapping.fairseq_to_bert, classification_head, num_classes
+    )
+    fairseq_args = spec.fairseq_args()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metadata = {
+        "source": hf_dir.resolve().name,
+        "hf_config": config,
+        "fairseq_args": " ".join(fairseq_args),
+        "num_embeddings": len(mapping.symbols),
+        "special_tokens": special_tokens,
+        "layer_norm_eps": float(config.get("layer_norm_eps", 1e-12)),
+    }
+    torch.save(build_checkpoint(model_state, spec, metadata), out_dir / "model.pt")
+    write_dict(out_dir / "dict.txt", mapping)
+    (out_dir / "fairseq_args.txt").write_text(" ".join(fairseq_args) + "\n", encoding="utf-8")
+    with open(out_dir / "bert_to_fairseq_ids.json", "w", encoding="utf-8") as f:
+        json.dump(mapping.bert_to_fairseq, f)
+    for name in TOKENIZER_FILES:
+        if (hf_dir / name).is_file():
+            shutil.copyfile(hf_dir / name, out_dir / name)
+    return {
+        "model": str(out_dir / "model.pt"),
+        "dict": str(out_dir / "dict.txt"),
+        "fairseq_args": fairseq_args,
+        "arch": asdict(spec),
+        "num_embeddings": len(mapping.symbols),
+        "bert_to_fairseq": mapping.bert_to_fairseq,
+    }

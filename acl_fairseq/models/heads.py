@@ -1,0 +1,77 @@
+"""The exit head: ``RobertaClassificationHead`` with a pooling choice, and the head names.
+
+An exit head pools the hidden states it sees (``pool``) and classifies the pooled features
+(``classify``: dropout, dense, activation, dropout, ``out_proj``). Training
+(``forward_with_features``) and the early-exit loop both go through these two methods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fairseq.models.roberta.model import RobertaClassificationHead
+from torch import Tensor
+
+from .pooling import MeanWeights, masked_mean
+
+__all__ = ["DEFAULT_HEAD", "POOLING_CHOICES", "MultiExitClassificationHead", "exit_head_name"]
+
+DEFAULT_HEAD = "sentence_classification_head"
+"""fairseq's ``sentence_prediction`` head name (``--classification-head-name``)."""
+POOLING_CHOICES = ("first", "mean")
+
+
+def exit_head_name(name: str, layer: int) -> str:
+    """Name of the shallow exit head at ``layer`` for the head group ``name``."""
+    return f"{name}_exit{layer}"
+
+
+class MultiExitClassificationHead(RobertaClassificationHead):
+    """``RobertaClassificationHead`` with a pooling choice and a padding mask.
+
+    Same parameters (``dense``, ``out_proj``); with ``pooling="first"`` the output is
+    bit-identical to ``RobertaClassificationHead``. ``"mean"`` averages non-pad positions.
+    """
+
+    def __init__(self, *args: Any, pooling: str = "first", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if pooling not in POOLING_CHOICES:
+            raise ValueError(f"--exit-pooling must be one of {POOLING_CHOICES}, got {pooling!r}")
+        self.pooling = pooling
+
+    def pool(
+        self,
+        features: Tensor,
+        padding_mask: Tensor | None = None,
+        weights: MeanWeights | None = None,
+    ) -> Tensor:
+        """B x T x C features -> B x C.
+
+        ``mean`` pooling averages the real tokens: ``weights`` (computed once per batch) or
+        the B x T bool ``padding_mask`` (True = pad); with neither, every position.
+        """
+        if self.pooling == "first":
+            return features[:, 0, :]  # <s> token (equiv. to [CLS])
+        if weights is None and padding_mask is not None:
+            weights = MeanWeights(padding_mask)
+        if weights is None:
+            return features.mean(dim=1)
+        return masked_mean(features, weights)
+
+    def classify(self, pooled: Tensor) -> tuple[Tensor, Tensor]:
+        """Pooled features B x C -> (logits B x K, out_proj input B x C')."""
+        x = self.dropout(pooled)
+        x = self.dense(x)
+        x = self.activation_fn(x)
+        x = self.dropout(x)
+        return self.out_proj(x), x
+
+    def forward_with_features(
+        self, features: Tensor, padding_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """B x T x C -> (logits B x K, out_proj input B x C')."""
+        return self.classify(self.pool(features, padding_mask))
+
+    def forward(self, features: Tensor, padding_mask: Tensor | None = None, **kwargs: Any):
+        """B x T x C -> logits B x K."""
+        return self.forward_with_features(features, padding_mask)[0]

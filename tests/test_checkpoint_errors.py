@@ -1,0 +1,302 @@
+"""Checkpoints that fairseq would train through (or fail on late) stop before training.
+
+Each with a message that names the flag or file and the fix: a ``--restore-file`` that does
+not exist or is a folder, a Hugging Face or non-fairseq file passed as a checkpoint, a
+checkpoint of another vocabulary or architecture; and resuming keeps working.
+"""
+
+import logging
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+
+import acl_fairseq  # noqa: F401  (installs the checkpoint checks)
+from acl_fairseq.checkpoint.fits import check_checkpoint_fits
+from acl_fairseq.checkpoint.safe_loading import check_restore_file
+
+from fairseq_helpers import copy_data, fails_with, fairseq_train, train_args, trained_updates
+
+TRAIN = train_args(task=None, max_update=2, no_epoch_checkpoints=True)
+STOCK_CE = ["--task", "sentence_prediction", "--criterion", "sentence_prediction"]
+ACL = ["--task", "acl_sentence_prediction", "--criterion", "acl_embed"]
+ACL_TRAIN = train_args(criterion="acl_embed", batch_size=8, max_update=2, no_epoch_checkpoints=True)
+CONVERTER = "acl-fairseq-convert-bert HF_DIR OUTDIR"
+NOT_FAIRSEQ = "A fairseq checkpoint is a torch file holding a dict with 'model'"
+
+
+# ------------------------------------------------------- 1. --restore-file that does not exist
+def restore_cfg(save_dir: Path, restore_file: str) -> SimpleNamespace:
+    return SimpleNamespace(save_dir=str(save_dir), restore_file=restore_file)
+
+
+def test_missing_restore_file_is_an_error(tmp_path):
+    missing = tmp_path / "roberta.base" / "model.pt"
+    with pytest.raises(FileNotFoundError) as info:
+        check_restore_file(restore_cfg(tmp_path / "ck", str(missing)))
+    message = str(info.value)
+    assert message.startswith(f"--restore-file (checkpoint.restore_file) {missing}: no such file")
+    assert "would train from randomly initialised weights" in message
+    assert f"resume from {tmp_path / 'ck' / 'checkpoint_last.pt'} if it exists" in message
+
+
+def test_default_restore_file_resumes_or_starts_fresh(tmp_path):
+    cfg = restore_cfg(tmp_path, "checkpoint_last.pt")
+    assert check_restore_file(cfg) is None  # nothing to resume: fairseq starts fresh
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    assert check_restore_file(cfg) is None  # fairseq resumes from SAVE_DIR/checkpoint_last.pt
+
+
+def test_save_dirs_checkpoint_last_named_explicitly_may_be_missing(tmp_path):
+    last = str(tmp_path / "ck" / "checkpoint_last.pt")
+    assert check_restore_file(restore_cfg(tmp_path / "ck", last)) == last
+    other_last = str(tmp_path / "elsewhere" / "checkpoint_last.pt")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        check_restore_file(restore_cfg(tmp_path / "ck", other_last))
+
+
+def test_explicit_restore_file_over_a_resumable_save_dir_is_warned_about(tmp_path, caplog):
+    pretrained = tmp_path / "model.pt"
+    pretrained.write_bytes(b"")
+    cfg = restore_cfg(tmp_path / "ck", str(pretrained))
+    with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint.safe_loading"):
+        assert check_restore_file(cfg) == str(pretrained)
+    assert not caplog.records  # no checkpoint_last.pt: nothing to say
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "checkpoint_last.pt").write_bytes(b"")
+    with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint.safe_loading"):
+        assert check_restore_file(cfg) == str(pretrained)
+    last = tmp_path / "ck" / "checkpoint_last.pt"
+    assert f"this run starts over from {pretrained}" in caplog.text
+    assert f"To resume instead, pass --restore-file {last}" in caplog.text
+
+
+def test_restore_file_that_is_a_folder(tmp_path):
+    with pytest.raises(IsADirectoryError, match="pass the checkpoint file inside it"):
+        check_restore_file(restore_cfg(tmp_path / "ck", str(tmp_path)))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(IsADirectoryError, match=re.escape(CONVERTER)):
+        check_restore_file(restore_cfg(tmp_path / "ck", str(tmp_path)))
+
+
+def test_restore_file_with_a_model_parallel_suffix(tmp_path):
+    (tmp_path / "model-model_part-0.pt").write_bytes(b"")
+    path = str(tmp_path / "model.pt")
+    suffix = "-model_part-0"
+    expected = path.replace(".pt", suffix + ".pt")
+    assert check_restore_file(restore_cfg(tmp_path, path), suffix) == expected
+    with pytest.raises(FileNotFoundError, match=re.escape("(read as ")):
+        check_restore_file(restore_cfg(tmp_path, path), "-model_part-1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", [STOCK_CE, ACL], ids=["stock_ce", "acl_embed"])
+def test_missing_restore_file_stops_fairseq_train(sentiment_data, tmp_path, method):
+    """For fairseq's own task and criterion too, before the first update."""
+    missing = tmp_path / "no-such-model.pt"
+    out = fails_with(
+        sentiment_data,
+        tmp_path / "ck",
+        *TRAIN,
+        *method,
+        "--restore-file",
+        str(missing),
+        message=f"FileNotFoundError: --restore-file (checkpoint.restore_file) {missing}: "
+        "no such file",
+    )
+    assert not trained_updates(out)
+    assert not list((tmp_path / "ck").glob("*.pt"))
+
+
+@pytest.mark.slow
+def test_resuming_keeps_working(sentiment_data, tmp_path):
+    """The default resumes from SAVE_DIR/checkpoint_last.pt; naming it explicitly works on
+    the first launch (nothing to resume) and resumes on the next."""
+    save_dir = tmp_path / "ck"
+    last = save_dir / "checkpoint_last.pt"
+    out = fairseq_train(sentiment_data, save_dir, *TRAIN, *STOCK_CE, "--restore-file", str(last))
+    assert trained_updates(out)[-1] == 2 and last.is_file()
+    args = [*TRAIN, *STOCK_CE, "--max-update", "3"]
+    out = fairseq_train(sentiment_data, save_dir, *args)
+    assert f"Loaded checkpoint {last} (epoch 1 @ 2 updates)" in out
+    assert trained_updates(out)[-1] == 3
+    out = fairseq_train(sentiment_data, save_dir, *args[:-1], "4", "--restore-file", str(last))
+    assert f"Loaded checkpoint {last} (epoch 1 @ 3 updates)" in out
+
+
+# ------------------------------------------------------- 2. not a fairseq checkpoint
+HF_BERT = {
+    "bert.embeddings.word_embeddings.weight": torch.zeros(10, 4),
+    "bert.encoder.layer.0.attention.self.query.weight": torch.zeros(4, 4),
+}
+
+
+def load_fails(path: Path, exc=ValueError) -> str:
+    with pytest.raises(exc) as info:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    message = str(info.value)
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    "state", [HF_BERT, {k[len("bert.") :]: v for k, v in HF_BERT.items()}], ids=["bert", "model"]
+)
+def test_hugging_face_state_dict(tmp_path, state):
+    path = tmp_path / "pytorch_model.bin"
+    torch.save(state, path)
+    message = load_fails(path)
+    key = next(iter(state))
+    assert f"{path} is a Hugging Face BERT checkpoint (a state dict with keys such as '{key}')" in (
+        message
+    )
+    assert f"`{CONVERTER}`" in message and "--restore-file OUTDIR/model.pt" in message
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "weights.bin"])
+def test_safetensors_file(tmp_path, name):
+    from safetensors.torch import save_file
+
+    path = tmp_path / name
+    save_file({k[len("bert.") :]: v for k, v in HF_BERT.items()}, str(path))
+    message = load_fails(path)
+    assert f"{path} is a Hugging Face BERT checkpoint (a .safetensors file)" in message
+    assert f"`{CONVERTER}`" in message
+
+
+def test_plain_tensor_dict_is_not_a_fairseq_checkpoint(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(3), "b": torch.zeros(1)}, path)
+    message = load_fails(path)
+    assert f"{path} is not a fairseq checkpoint (a dict without a 'model' key; its keys: 'w', " in (
+        message
+    )
+    assert NOT_FAIRSEQ in message and "best_loss" not in message
+    torch.save(torch.zeros(3), path)
+    assert "it holds a Tensor, not a dict" in load_fails(path)
+
+
+def test_a_broken_file_keeps_torchs_error(tmp_path):
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"not a torch file at all")
+    with pytest.raises(Exception) as info:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert "Hugging Face" not in str(info.value) and NOT_FAIRSEQ not in str(info.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["hugging_face", "tensor_dict"])
+def test_wrong_kind_of_checkpoint_through_fairseq_train(sentiment_data, tmp_path, kind):
+    path = tmp_path / "pytorch_model.bin"
+    torch.save(HF_BERT if kind == "hugging_face" else {"w": torch.zeros(3)}, path)
+    expected = (
+        f"{path} is a Hugging Face BERT checkpoint"
+        if kind == "hugging_face"
+        else f"{path} is not a fairseq checkpoint"
+    )
+    out = fails_with(
+        sentiment_data,
+        tmp_path / "ck",
+        *TRAIN,
+        *STOCK_CE,
+        "--restore-file",
+        str(path),
+        message=f"ValueError: --restore-file (checkpoint.restore_file): {expected}",
+    )
+    assert not trained_updates(out)
+
+
+# ------------------------------------------------------- 3. a checkpoint of another model
+@pytest.fixture(scope="module")
+def tiny_checkpoint(sentiment_data, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("tiny_checkpoint")
+    fairseq_train(sentiment_data, save_dir, *ACL_TRAIN, "--max-update", "1", "--disable-validation")
+    return save_dir / "checkpoint_last.pt"
+
+
+RESTORE = ["--reset-optimizer", "--reset-dataloader", "--reset-meters", "--reset-lr-scheduler"]
+
+
+@pytest.mark.slow
+def test_restore_file_with_another_vocabulary(sentiment_data, tmp_path, tiny_checkpoint):
+    # fairseq alone: "size mismatch for encoder.sentence_encoder.embed_tokens.weight ...
+    # Cannot load model parameters from checkpoint ...; please ensure that the architectures
+    # match" - but the architecture is the same: the dictionary differs
+    data = copy_data(sentiment_data, tmp_path / "data")
+    with open(data / "input0" / "dict.txt", "a") as f:
+        f.writelines(f"extra{i} 1\n" for i in range(5))
+    out = fails_with(
+        data,
+        tmp_path / "save",
+        *ACL_TRAIN,
+        "--restore-file",
+        str(tiny_checkpoint),
+        *RESTORE,
+        message="cannot load the checkpoint (--restore-file, --finetune-from-model or --path): "
+        "its vocabulary has 73 entries, this model's 78 (from "
+        f"{data}/input0/dict.txt). The data was binarized with another dictionary than the "
+        "checkpoint's: binarize it again with fairseq-preprocess --srcdict",
+    )
+    assert f"Cannot load model parameters from checkpoint {tiny_checkpoint}" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--encoder-layers", "3"],
+            "it has 2 encoder layers, this model 3 (--encoder-layers / --arch must match",
+        ),
+        (
+            ["--encoder-embed-dim", "16"],
+            "its embeddings have 32 dimensions, this model's 16 (--encoder-embed-dim",
+        ),
+        (
+            ["--encoder-ffn-embed-dim", "48"],
+            "encoder.sentence_encoder.layers.0.fc1.weight is (64, 32) in the checkpoint but "
+            "(48, 32) in this model (--arch and the --encoder-* sizes must match",
+        ),
+    ],
+)
+def test_restore_file_of_another_architecture(
+    sentiment_data, tmp_path, tiny_checkpoint, args, message
+):
+    out = fails_with(
+        sentiment_data,
+        tmp_path,
+        *ACL_TRAIN,
+        "--restore-file",
+        str(tiny_checkpoint),
+        *RESTORE,
+        *args,
+        message="cannot load the checkpoint (--restore-file, --finetune-from-model or --path): "
+        + message,
+    )
+    assert f"Cannot load model parameters from checkpoint {tiny_checkpoint}" in out
+
+
+def test_checkpoint_check_leaves_classification_heads_and_legacy_names_alone():
+    own = {
+        "encoder.sentence_encoder.embed_tokens.weight": torch.zeros(10, 4),
+        "encoder.sentence_encoder.layers.0.fc1.weight": torch.zeros(8, 4),
+        "classification_heads.h.out_proj.weight": torch.zeros(2, 4),
+    }
+    ckpt = {
+        "decoder.sentence_encoder.embed_tokens.weight": torch.zeros(10, 4),  # old RoBERTa
+        "decoder.sentence_encoder.layers.0.fc1.weight": torch.zeros(8, 4),
+        "classification_heads.h.out_proj.weight": torch.zeros(3, 4),  # RoBERTa replaces it
+    }
+    check_checkpoint_fits(ckpt, own, "DATA")
+    ckpt["decoder.sentence_encoder.embed_tokens.weight"] = torch.zeros(11, 4)
+    with pytest.raises(ValueError, match="its vocabulary has 11 entries, this model's 10"):
+        check_checkpoint_fits(ckpt, own, "DATA")
+    # EMA restores with strict=False: extra layers are torch's business, not an error here
+    ckpt["decoder.sentence_encoder.embed_tokens.weight"] = torch.zeros(10, 4)
+    ckpt["decoder.sentence_encoder.layers.1.fc1.weight"] = torch.zeros(8, 4)
+    check_checkpoint_fits(ckpt, own, "DATA", strict=False)
+    with pytest.raises(ValueError, match="it has 2 encoder layers, this model 1"):
+        check_checkpoint_fits(ckpt, own, "DATA")
