@@ -271,3 +271,22 @@ def prepare_tsv_task(root: Path, pair: bool = False) -> tuple[Path, list[list[st
 
     assert prepare_main([str(a) for a in argv]) == 0
     return root / "out" / "sst-bin", test_rows
+
+
+PATCHED_TRAIN = REPO / "tests" / "patched_fairseq_train.py"
+
+
+def fairseq_train_with(
+    data: Path, save_dir: Path, *args: str, workers: int = 1, patches: tuple[str, ...] = ()
+) -> str:
+    """``fairseq-train`` on ``workers`` CPU processes (more than 1: through
+    scripts/launch_cpu_workers.sh, see :func:`rank_output`), with the test-only ``patches`` of
+    tests/patched_fairseq_train.py (e.g. ``("cpu_fp16",)``)."""
+    cmd = train_command(data, save_dir, *args)
+    env = {"PYTHON": sys.executable}
+    if patches:
+        cmd = [sys.executable, str(PATCHED_TRAIN), *cmd[1:]]
+        env["ACL_TEST_PATCHES"] = ",".join(patches)
+    if workers > 1:
+        cmd = ["bash", str(LAUNCHER), str(workers), "--", *cmd]
+    return run(cmd, env)
