@@ -313,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--docs", type=Path, default=REPO / "docs" / "study", help="committed results (restore)"
     )
+    p.add_argument(
+        "--methods",
+        type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
+        help="second-round phases: only these methods (e.g. two processes sharing a phase)",
+    )
     args = p.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     for phase in args.phases:
@@ -321,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         from acl_fairseq.cli.study.round2 import run_phase  # it builds on this module
 
-        if run_phase(args.work_dir, phase):
+        if run_phase(args.work_dir, phase, args.methods):
             continue
         if phase == "fewshot":
             Study(args.work_dir, "fewshot").fewshot()

@@ -72,7 +72,23 @@ def contrastive(method: str, lam: float, tau: float) -> list[str]:
 
 
 class Round2(Study):
-    """The phases above; ``task`` is the phase family (the folder under ``WORK/runs``)."""
+    """The phases above; ``task`` is the phase family (the folder under ``WORK/runs``).
+
+    ``methods``: the methods of a phase to run (``--methods``; default all), so that two
+    processes can share a phase's runs, one method each.
+    """
+
+    def __init__(self, work: Path, task: str, methods: list[str] | None = None):
+        super().__init__(work, task)
+        self.methods = methods
+
+    def only(self, methods: list[str]) -> list[str]:
+        if self.methods is None:
+            return methods
+        unknown = sorted(set(self.methods) - set(methods))
+        if unknown:
+            raise SystemExit(f"--methods: {unknown} not in this phase ({', '.join(methods)})")
+        return [m for m in methods if m in self.methods]
 
     def stage1_on(self, data_name: str, epochs: int, method: str, extra: str = "") -> list[str]:
         data = self.data(data_name)
@@ -97,7 +113,7 @@ class Round2(Study):
         cap = int(self.chosen("cap_epochs"))
         out = self.root / "main"
         methods = ["ce", "acl", "acl_embed"] + (["ce_scl", "ce_scl_grad"] if with_scl else [])
-        for method in methods:
+        for method in self.only(methods):
             args = [*self.stage1_on("pair-bin", cap, method), "--lr", f"{PAIR['lr']}"]
             args += contrastive(method, PAIR["lambda"], PAIR["tau"])
             seeds = ",".join(map(str, SEEDS))
@@ -109,7 +125,7 @@ class Round2(Study):
         epochs = TASKS["movie"]["epochs"]
         seeds = ",".join(map(str, SEEDS))
         lambdas = ",".join(f"{lam:g}" for lam in LAMBDAS)
-        for method in ("ce", "acl", "ce_scl"):
+        for method in self.only(["ce", "acl", "ce_scl"]):
             args = [*self.stage1_on("movie-bin", epochs, method), "--lr", f"{MOVIE['lr']}"]
             args += contrastive(method, MAIN_LAMBDA, MOVIE["tau"])
             if method == "ce_scl":
@@ -130,7 +146,7 @@ class Round2(Study):
                 extra = "--validate-interval 1000 --save-interval 1000"
                 args = self.common(data, epochs, FEWSHOT_DEV_VALIDATE, extra)
                 args += ["--max-update", str(FEWSHOT_DEV_UPDATES)]
-                for method in ("ce", "ce_scl", "acl"):
+                for method in self.only(["ce", "ce_scl", "acl"]):
                     scores = {}
                     for lr in FEWSHOT_DEV_LRS:
                         out = self.root / f"k{k}" / f"d{draw}" / lr_name(lr)
@@ -198,10 +214,11 @@ ROUND2 = {
 }
 
 
-def run_phase(work: Path, phase: str) -> bool:
-    """Runs ``phase`` if it is one of this round's; False otherwise."""
+def run_phase(work: Path, phase: str, methods: list[str] | None = None) -> bool:
+    """Runs ``phase`` if it is one of this round's (only ``methods`` of it, if given); False
+    otherwise."""
     if phase not in ROUND2:
         return False
     task, method = ROUND2[phase]
-    method(Round2(work, task))
+    method(Round2(work, task, methods))
     return True
