@@ -318,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
         help="second-round phases: only these methods (e.g. two processes sharing a phase)",
     )
+    p.add_argument(
+        "--seeds",
+        type=lambda text: [int(v) for v in text.split(",") if v.strip()],
+        help="second-round phases: only these seeds",
+    )
     args = p.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     for phase in args.phases:
@@ -326,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         from acl_fairseq.cli.study.round2 import run_phase  # it builds on this module
 
-        if run_phase(args.work_dir, phase, args.methods):
+        if run_phase(args.work_dir, phase, args.methods, args.seeds):
             continue
         if phase == "fewshot":
             Study(args.work_dir, "fewshot").fewshot()

@@ -74,13 +74,21 @@ def contrastive(method: str, lam: float, tau: float) -> list[str]:
 class Round2(Study):
     """The phases above; ``task`` is the phase family (the folder under ``WORK/runs``).
 
-    ``methods``: the methods of a phase to run (``--methods``; default all), so that two
-    processes can share a phase's runs, one method each.
+    ``methods`` / ``seeds``: the methods and seeds of a phase to run (``--methods``,
+    ``--seeds``; default all), so that two processes can share a phase's runs. Phases run seed
+    by seed: a study cut short has every method on its seeds.
     """
 
-    def __init__(self, work: Path, task: str, methods: list[str] | None = None):
+    def __init__(
+        self,
+        work: Path,
+        task: str,
+        methods: list[str] | None = None,
+        seeds: list[int] | None = None,
+    ):
         super().__init__(work, task)
         self.methods = methods
+        self.seeds = tuple(seeds) if seeds else SEEDS  # --seeds: a part of the phase
 
     def only(self, methods: list[str]) -> list[str]:
         if self.methods is None:
@@ -113,7 +121,7 @@ class Round2(Study):
         cap = int(self.chosen("cap_epochs"))
         out = self.root / "main"
         methods = ["ce", "acl", "acl_embed"] + (["ce_scl", "ce_scl_grad"] if with_scl else [])
-        for seed in SEEDS:  # seed by seed: a study cut short has every method on its seeds
+        for seed in self.seeds:
             for method in self.only(methods):
                 args = [*self.stage1_on("pair-bin", cap, method), "--lr", f"{PAIR['lr']}"]
                 args += contrastive(method, PAIR["lambda"], PAIR["tau"])
@@ -123,16 +131,16 @@ class Round2(Study):
     def lambda_study(self) -> None:
         out = self.root / "main"
         epochs = TASKS["movie"]["epochs"]
-        seeds = ",".join(map(str, SEEDS))
         lambdas = ",".join(f"{lam:g}" for lam in LAMBDAS)
-        for method in self.only(["ce", "acl", "ce_scl"]):
-            args = [*self.stage1_on("movie-bin", epochs, method), "--lr", f"{MOVIE['lr']}"]
-            args += contrastive(method, MAIN_LAMBDA, MOVIE["tau"])
-            if method == "ce_scl":
-                args.append("--ce-scl-plain")  # no angle measurement (the first round has it)
-            if method != "ce":
-                args += ["--lambdas", lambdas]
-            self.compare(out, [*args, "--methods", method, "--seeds", seeds])
+        for seed in self.seeds:
+            for method in self.only(["ce", "acl", "ce_scl"]):
+                args = [*self.stage1_on("movie-bin", epochs, method), "--lr", f"{MOVIE['lr']}"]
+                args += contrastive(method, MAIN_LAMBDA, MOVIE["tau"])
+                if method == "ce_scl":
+                    args.append("--ce-scl-plain")  # no angle measurement (the first round has it)
+                if method != "ce":
+                    args += ["--lambdas", lambdas]
+                self.compare(out, [*args, "--methods", method, "--seeds", str(seed)])
 
     # ------------------------------------------------------------- fewshot-dev
     def fewshot_dev(self) -> None:
@@ -162,19 +170,18 @@ class Round2(Study):
     def acl_cl_same_start(self) -> None:
         lambda_main = self.work / "runs" / "lambda" / "main"
         out = self.root / "main"
-        seeds = ",".join(map(str, SEEDS))
-        for s in SEEDS:  # the lambda phase's ACL runs at lambda 0.5 (they keep checkpoints)
-            link_run(lambda_main, out, f"acl-seed{s}")
         teacher, weighting, lam_cl = STAGE2_VARIANT
-        for method in ("joint_from_acl", "acl_cl"):
-            args = [*self.stage1_on("movie-bin", TASKS["movie"]["epochs"], "acl"), "--lr"]
-            args += [f"{MOVIE['lr']}", *contrastive("acl", MAIN_LAMBDA, MOVIE["tau"])]
-            args += ["--stage2-epochs", "1", "--acl-cl-teacher", teacher]
-            args += ["--cross-layer-weighting", weighting, "--cross-layer-lambda", f"{lam_cl}"]
-            self.compare(out, [*args, "--methods", method, "--seeds", seeds])
-        for method in ("joint_from_acl", "acl_cl"):
-            for s in SEEDS:
-                self.early_exit_on_dev(out, f"{method}-seed{s}")
+        for seed in self.seeds:
+            # the lambda phase's ACL run at lambda 0.5 (it keeps its checkpoint)
+            link_run(lambda_main, out, f"acl-seed{seed}")
+            for method in self.only(["joint_from_acl", "acl_cl"]):
+                args = [*self.stage1_on("movie-bin", TASKS["movie"]["epochs"], "acl"), "--lr"]
+                args += [f"{MOVIE['lr']}", *contrastive("acl", MAIN_LAMBDA, MOVIE["tau"])]
+                args += ["--stage2-epochs", "1", "--acl-cl-teacher", teacher]
+                args += ["--cross-layer-weighting", weighting]
+                args += ["--cross-layer-lambda", f"{lam_cl}"]
+                self.compare(out, [*args, "--methods", method, "--seeds", str(seed)])
+                self.early_exit_on_dev(out, f"{method}-seed{seed}")
 
     def early_exit_on_dev(self, out: Path, run: str) -> None:
         """The entropy threshold chosen on dev (``--max-accuracy-drop``), then the whole curve
@@ -184,7 +191,7 @@ class Round2(Study):
         checkpoint = out / "runs" / run / "checkpoint_best.pt"
         data = str(self.data("movie-bin"))
         common = ["--checkpoint", str(checkpoint), "--data", data, "--policy", "entropy"]
-        common += ["--batch-sizes", "32", "--repeats", "1", "--cpu"]
+        common += ["--batch-sizes", "32", "--repeats", "0", "--cpu"]  # no timing
         dev_table, test_table = (tables / f"{run}.{split}.tsv" for split in EXIT_SPLITS)
         if not dev_table.exists():
             sweep(
@@ -214,11 +221,13 @@ ROUND2 = {
 }
 
 
-def run_phase(work: Path, phase: str, methods: list[str] | None = None) -> bool:
-    """Runs ``phase`` if it is one of this round's (only ``methods`` of it, if given); False
-    otherwise."""
+def run_phase(
+    work: Path, phase: str, methods: list[str] | None = None, seeds: list[int] | None = None
+) -> bool:
+    """Runs ``phase`` if it is one of this round's (only ``methods`` and ``seeds`` of it, if
+    given); False otherwise."""
     if phase not in ROUND2:
         return False
     task, method = ROUND2[phase]
-    method(Round2(work, task, methods))
+    method(Round2(work, task, methods, seeds))
     return True
