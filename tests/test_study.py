@@ -15,6 +15,7 @@ from scipy import stats
 from acl_fairseq.cli.study import data as study_data
 from acl_fairseq.cli.study import phases as study
 from acl_fairseq.cli.study import report as study_report
+from acl_fairseq.cli.study import round2
 from acl_fairseq.cli.study import runs as study_runs
 
 from fairseq_helpers import (
@@ -320,3 +321,31 @@ def test_restore_then_every_phase_trains_nothing_and_report_reproduces_docs(
     assert (stage1 / "checkpoint_best.pt").exists() and (variant / "test.json").exists()
     assert (fresh / "runs" / "movie" / "main" / "runs" / "acl-seed1").is_symlink()
     assert re.search(r"acl-seed1: trained again, .*: identical", printed), printed
+
+
+def test_second_round_phases_run_seed_by_seed_and_share_by_method(tmp_path, monkeypatch):
+    """The order and the part of a phase a process runs (--methods, --seeds): what a study
+    cut short or shared by two processes ends up with."""
+    calls: list[tuple[str, str, str]] = []
+
+    def record(self, out, args):
+        method, seed = args[args.index("--methods") + 1], args[args.index("--seeds") + 1]
+        calls.append((str(out.relative_to(tmp_path / "runs")), method, seed))
+
+    monkeypatch.setattr(study.Study, "compare", record)
+    monkeypatch.setattr(round2, "count_examples", lambda data: 6000)
+    both = round2.Round2(tmp_path, "pair-converged", seeds=[1, 2])
+    both.choose("cap_epochs", {"best_dev_update": 564}, 3)
+    both.pair_main()
+    assert calls == [
+        ("pair-converged/main", m, s) for s in "12" for m in ("ce", "acl", "acl_embed")
+    ]
+    calls.clear()
+    round2.Round2(tmp_path, "pair-converged", methods=["acl"]).pair_main()
+    assert calls == [("pair-converged/main", "acl", str(s)) for s in round2.SEEDS]
+    with pytest.raises(SystemExit, match="--methods"):
+        round2.Round2(tmp_path, "pair-converged", methods=["acl_cl"]).pair_main()
+    calls.clear()
+    round2.Round2(tmp_path, "lambda", methods=["acl"], seeds=[3]).lambda_study()
+    ((folder, method, seed),) = calls
+    assert (folder, method, seed) == ("lambda/main", "acl", "3")
