@@ -65,8 +65,12 @@ def predict_split(
     device; ``task`` a loaded ``sentence_prediction`` task on the run's data folder).
 
     A multi-exit model gives one column per exit (``exit_outputs``), any other RoBERTa its
-    final head only (registered at the encoder's last layer).
+    final head only (registered at the encoder's last layer). The forward passes run as the
+    task validates: under its ``--autocast`` (a model trained in bf16 is evaluated in bf16 by
+    fairseq-validate too).
     """
+    from .precision import forward_precision
+
     head = head or getattr(task.cfg, "classification_head_name", "sentence_classification_head")
     if split not in task.datasets:
         task.load_dataset(split)
@@ -78,7 +82,8 @@ def predict_split(
     size = len(dataset)
     labels = [-1] * size
     exits: dict[int, list[int]] = {}
-    with torch.no_grad():
+    autocast = str(getattr(task, "autocast", "none"))
+    with torch.no_grad(), forward_precision(autocast, model):
         for sample in iterator:
             ids = sample["id"].tolist()
             tokens = sample["net_input"]["src_tokens"].to(device)
