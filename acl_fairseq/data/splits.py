@@ -12,7 +12,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["check_split", "count_classes", "count_examples", "load_batches"]
+__all__ = ["check_split", "count_classes", "count_examples", "load_batches", "raw_files"]
+
+
+def raw_files(data: str | Path) -> str:
+    """Up to three TSV files in ``data`` or, when it has none, in its subfolders (a GLUE
+    download), comma-joined; '' when there are none."""
+    data = Path(data)
+    if not data.is_dir():
+        return ""
+    found = sorted(p.name for p in data.glob("*.tsv"))
+    if not found:
+        found = sorted(f"{p.parent.name}/{p.name}" for p in data.glob("*/*.tsv"))
+    return ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
 
 
 def check_split(data: str | Path, split: str) -> None:

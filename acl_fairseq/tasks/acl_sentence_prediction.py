@@ -33,6 +33,7 @@ from fairseq.tasks.sentence_prediction import SentencePredictionConfig, Sentence
 
 from ..acl_grad import AclGrad, AclGradCriterion, AclGradLogConfig
 from ..checkpoint.fits import load_state_dict_checked
+from ..checkpoint.training_data import record_training_data
 from ..input_checks import check_dictionaries, check_lengths, check_num_classes, check_split_files
 
 
@@ -76,8 +77,10 @@ class AclSentencePredictionTask(SentencePredictionTask):
     def setup_task(cls, cfg, **kwargs: Any):
         check_dictionaries(cfg)
         task = super().setup_task(cfg, **kwargs)
+        loading = bool(kwargs.get("from_checkpoint"))  # loading a checkpoint, not training
         if not cfg.regression_target:
-            check_num_classes(cfg.num_classes, task.label_dictionary, cfg.data)
+            check_num_classes(cfg.num_classes, task.label_dictionary, cfg.data, loading)
+        record_training_data(task, loading)  # the data folder and labels, in the checkpoint
         return task
 
     def load_dataset(self, split, combine=False, **kwargs):
