@@ -1,0 +1,121 @@
+"""Paired tests of two methods (no fairseq import): over seeds, over examples, and a
+correction for the number of tests.
+
+* :func:`seed_t_test`: the paired t-test over seeds (or draws) of the accuracy differences:
+  the spread between trainings.
+* :func:`mcnemar`: the exact McNemar test over examples: the examples one method gets right
+  and the other wrong, pooled over the seeds that both have (each seed pairs two trainings on
+  the same examples); the spread between examples.
+* :func:`paired_bootstrap`: the mean over seeds of the accuracy difference, with a confidence
+  interval and a two-sided p-value from resampling the examples (the same resample for every
+  seed, so the pairing is kept).
+* :func:`holm`: Holm's step-down correction of a family of p-values.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "BootstrapResult",
+    "McNemarResult",
+    "holm",
+    "mcnemar",
+    "paired_bootstrap",
+    "seed_t_test",
+]
+
+
+def seed_t_test(differences: Sequence[float]) -> float:
+    """Two-sided p-value of the paired t-test (a one-sample test of ``differences`` against
+    0); NaN for fewer than two values or no spread (undefined)."""
+    if len(differences) < 2 or statistics.stdev(differences) == 0:
+        return math.nan
+    from scipy import stats
+
+    return float(stats.ttest_1samp(list(differences), 0.0).pvalue)
+
+
+class McNemarResult(NamedTuple):
+    ours_only: int  # examples (pooled over seeds) ours gets right and the baseline wrong
+    theirs_only: int  # the reverse
+    p_value: float  # exact two-sided binomial test of ours_only vs theirs_only (1.0 if none)
+
+
+def mcnemar(ours: Sequence[Sequence[bool]], theirs: Sequence[Sequence[bool]]) -> McNemarResult:
+    """Exact McNemar test over examples, discordant pairs pooled over seeds.
+
+    Args:
+        ours, theirs: per seed, per example, whether the prediction is right (S x N each,
+            seed s of ``ours`` paired with seed s of ``theirs``).
+    """
+    if len(ours) != len(theirs):
+        raise ValueError(f"{len(ours)} seeds against {len(theirs)}")
+    b = c = 0
+    for mine, other in zip(ours, theirs):
+        if len(mine) != len(other):
+            raise ValueError(f"{len(mine)} examples against {len(other)}")
+        b += sum(m and not o for m, o in zip(mine, other))
+        c += sum(o and not m for m, o in zip(mine, other))
+    if b + c == 0:
+        return McNemarResult(0, 0, 1.0)
+    from scipy import stats
+
+    p = stats.binomtest(b, b + c, 0.5, alternative="two-sided").pvalue
+    return McNemarResult(b, c, float(min(1.0, p)))
+
+
+class BootstrapResult(NamedTuple):
+    difference: float  # mean over seeds of ours' accuracy minus theirs' (points)
+    low: float  # 95% percentile interval of the difference
+    high: float
+    p_value: float  # two-sided, from the resamples shifted to a null difference of 0
+
+
+def paired_bootstrap(
+    ours: Sequence[Sequence[bool]],
+    theirs: Sequence[Sequence[bool]],
+    resamples: int = 10000,
+    seed: int = 0,
+) -> BootstrapResult:
+    """Paired bootstrap over examples of the seed-mean accuracy difference (see module doc).
+
+    The p-value is the percentile test of the shifted null: the share of resampled
+    differences ``d*`` with ``d* - d`` at least as far from 0 as ``d`` (two-sided), so 0
+    differences give p = 1. ``seed`` fixes the resampling (reproducible tables).
+    """
+    a = np.asarray(ours, dtype=np.float64)
+    b = np.asarray(theirs, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 2 or a.shape[1] == 0:
+        raise ValueError(f"expected two S x N arrays of the same shape, got {a.shape}, {b.shape}")
+    per_example = (a - b).mean(axis=0)  # N: mean over seeds of (right - right)
+    n = per_example.size
+    observed = 100.0 * float(per_example.mean())
+    rng = np.random.default_rng(seed)
+    draws = np.empty(resamples)
+    for start in range(0, resamples, 1000):  # chunks keep the index matrix small
+        count = min(1000, resamples - start)
+        idx = rng.integers(0, n, size=(count, n))
+        draws[start : start + count] = 100.0 * per_example[idx].mean(axis=1)
+    low, high = np.percentile(draws, [2.5, 97.5])
+    centred = draws - observed
+    p = float(np.mean(np.abs(centred) >= abs(observed) - 1e-12))
+    return BootstrapResult(observed, float(low), float(high), min(1.0, p))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values of one family, in the input order; NaN entries stay NaN and do
+    not count as tests."""
+    order = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    m = len(order)
+    adjusted = [math.nan] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[i] = running
+    return adjusted
