@@ -149,8 +149,8 @@ def check_folder(
         num_classes: the checkpoint's class count (``cfg.task.num_classes``), checked when
             there is no record.
     Raises:
-        DataMismatch: pairs for single sentences (or the reverse), another input dictionary or
-            tokenizer, other labels.
+        DataMismatch: pairs for single sentences (or the reverse), other labels, another
+            input dictionary or tokenizer (checked in this order).
     """
     here = f"{flag} {folder['data']}"
     labels = folder["labels"]
@@ -167,33 +167,31 @@ def check_folder(
         )
         return FolderCheck(labels, [note] if labels is not None else [])
     trained = f"{checkpoint} was trained on {record['data']}"
-    fix = "give the prepared folder it was trained on"
+    fix = "Give the prepared folder it was trained on"
     if folder["num_inputs"] != record["num_inputs"]:
         raise DataMismatch(
             f"{here} holds {_kind(folder['num_inputs'])}, but {trained}, which holds "
-            f"{_kind(record['num_inputs'])}: {fix}"
+            f"{_kind(record['num_inputs'])}: {fix.lower()}"
         )
-    for key, what in (
-        ("dictionary", "input dictionary (input0/dict.txt)"),
-        ("tokenizer", "tokenizer"),
-    ):
+    ours = record.get("labels")
+    if (ours is None) != (labels is None):
+        what = "a regression" if ours is None else "a classification"
+        raise DataMismatch(f"{here} is not {what} task's folder, but {trained}. {fix}")
+    if ours is not None and sorted(ours) != sorted(labels):
+        raise DataMismatch(
+            f"{here} lists the labels {_listed(labels)}, but {trained}, whose labels are "
+            f"{_listed(ours)}: its predictions would be named wrongly. {fix}"
+        )
+    encoding = (("dictionary", "input dictionary (input0/dict.txt)"), ("tokenizer", "tokenizer"))
+    for key, what in encoding:
         if record.get(key) and folder.get(key) and record[key] != folder[key]:
             raise DataMismatch(
                 f"{here} has another {what} than the one {checkpoint} was trained with (on "
-                f"{record['data']}): new text would be encoded into other ids. {fix[0].upper()}"
-                f"{fix[1:]}, or one prepared with the same tokenizer and --srcdict"
+                f"{record['data']}): new text would be encoded into other ids. {fix}, or one "
+                "prepared with the same tokenizer and --srcdict"
             )
-    ours = record.get("labels")
-    if ours is None or labels is None:
-        if (ours is None) != (labels is None):
-            what = "a regression" if ours is None else "a classification"
-            raise DataMismatch(f"{here} is not {what} task's folder, but {trained}: {fix}")
+    if ours is None:
         return FolderCheck(None, [])
-    if sorted(ours) != sorted(labels):
-        raise DataMismatch(
-            f"{here} lists the labels {_listed(labels)}, but {trained}, whose labels are "
-            f"{_listed(ours)}: its predictions would be named wrongly. {fix[0].upper()}{fix[1:]}"
-        )
     notes = []
     if ours != labels:
         notes.append(
