@@ -41,8 +41,9 @@ VALIDATE_EVERY = 5
 CONTRASTIVE_LAMBDA = 0.5
 TEMPERATURE = 0.3
 BATCH_SIZE = 32
-# no validation (so no checkpoint) at epoch ends: only every VALIDATE_EVERY updates
-NO_EPOCH_VALIDATION = "--validate-interval 1000 --save-interval 1000"
+# batches of similar length (the study's batching), and no validation (so no checkpoint) at
+# epoch ends: only every VALIDATE_EVERY updates
+PROTOCOL_EXTRA = "--group-by-length --validate-interval 1000 --save-interval 1000"
 
 
 def draw_name(per_class: int, draw: int) -> str:
@@ -67,13 +68,14 @@ def compare_args(
     """The ``acl-fairseq-compare`` arguments of one learning rate of one draw: every method,
     the draw's number as seed, ``updates`` updates (as many epochs as that takes), validation
     and the best checkpoint every ``validate_every`` updates, CE+SCL without the angle
-    measurement. ``model``: the model flags (``--restore-file``, ``--arch-args-file`` ...)."""
+    measurement, batches of similar length. ``model``: the model flags (``--restore-file``,
+    ``--arch-args-file`` ...); ``extra``: more fairseq-train flags."""
     return [
         str(data), "--out", str(out), "--methods", ",".join(methods), "--seeds", str(draw),
         "--lr", f"{lr:g}", "--max-update", str(updates),
         "--validate-interval-updates", str(validate_every), "--batch-size", str(batch_size),
         "--contrastive-lambda", f"{lam:g}", "--temperature", f"{temperature:g}",
-        "--ce-scl-plain", "--extra", f"{NO_EPOCH_VALIDATION} {extra}".strip(), *model,
+        "--ce-scl-plain", "--extra", f"{PROTOCOL_EXTRA} {extra}".strip(), *model,
     ]  # fmt: skip
 
 

@@ -123,7 +123,8 @@ def test_compare_args_are_compare_flags_for_equal_updates():
     assert opts.methods == ["ce", "ce_scl", "acl"] and opts.seeds == [3]
     assert (opts.lr, opts.max_update, opts.epochs) == (2e-4, 60, None)  # epochs: as needed
     assert opts.validate_interval_updates == 5 and opts.batch_size == 32 and opts.ce_scl_plain
-    assert shlex.split(opts.extra) == ["--validate-interval", "1000", "--save-interval", "1000"]
+    assert shlex.split(opts.extra) == ["--group-by-length", "--validate-interval", "1000",
+                                       "--save-interval", "1000"]  # fmt: skip
     assert (opts.contrastive_lambda, opts.temperature) == (0.5, 0.3)
 
 
