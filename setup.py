@@ -16,7 +16,11 @@ setup(
     # --no-build-isolation --no-deps, see the README): listing it here would make pip
     # pull torchaudio and a second torch.
     install_requires=["torch>=2.5", "numpy>=2", "sentencepiece", "tokenizers"],
-    extras_require={"test": ["pytest", "ruff", "transformers", "safetensors", "matplotlib"]},
+    extras_require={
+        "test": ["pytest", "ruff", "transformers", "safetensors", "matplotlib"],
+        # benchmarks/inference_anchors.py's ONNX Runtime int8 row (none of them pulls a torch)
+        "bench": ["transformers", "onnxruntime", "onnx", "onnxscript"],
+    },
     entry_points={
         "console_scripts": [
             "acl-fairseq-prepare = acl_fairseq.cli.prepare:main",

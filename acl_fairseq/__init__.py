@@ -4,9 +4,11 @@ Load with ``fairseq-train --user-dir acl_fairseq`` (or ``fairseq-validate``,
 ``fairseq-hydra-train``); importing the package registers its criterions, models and tasks.
 """
 
+from . import distributed
 from .checkpoint import safe_loading
 
 safe_loading.install()
+distributed.install()  # torch's DDP on CPU; checkpoints broadcast to every worker
 
 from . import criterions, models, tasks  # noqa: E402, F401
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from .paths import BIN, USER_DIR
 
 __all__ = [
+    "ABLATIONS",
     "CONTRASTIVE_METHODS",
     "CRITERIA",
     "GLUE_RECIPES",
@@ -40,15 +41,22 @@ __all__ = [
 ]
 
 METHODS = ("ce", "ce_scl", "acl", "multi_exit_joint", "acl_cl")
-MULTI_EXIT_METHODS = ("multi_exit_joint", "acl_cl")
-CONTRASTIVE_METHODS = ("ce_scl", "acl", "acl_cl")
-STAGE1 = {"multi_exit_joint": "ce", "acl_cl": "acl"}
+ABLATIONS = ("ce_scl_grad", "acl_embed", "joint_from_acl")
+"""The study's ablations: CE+SCL gated by ACL-Grad (``--acl-grad``), ACL-Embed without
+ACL-Grad (``--no-acl-grad``), and joint CE stage 2 restored from the ACL run (the same start as
+ACL-CL)."""
+MULTI_EXIT_METHODS = ("multi_exit_joint", "joint_from_acl", "acl_cl")
+CONTRASTIVE_METHODS = ("ce_scl", "ce_scl_grad", "acl", "acl_embed", "acl_cl")
+STAGE1 = {"multi_exit_joint": "ce", "joint_from_acl": "acl", "acl_cl": "acl"}
 """The single-exit method whose best checkpoint a multi-exit method's stage 2 restores."""
 CRITERIA = {
     "ce": "sentence_prediction",
     "ce_scl": "ce_scl",
+    "ce_scl_grad": "ce_scl",
     "acl": "acl_embed",
+    "acl_embed": "acl_embed",
     "multi_exit_joint": "multi_exit_ce",
+    "joint_from_acl": "multi_exit_ce",
     "acl_cl": "acl_cross_layer",
 }
 MULTI_EXIT_ARCH = {
@@ -80,7 +88,8 @@ def criterion_flags(
     defaults otherwise). On the multi-exit architecture (``multi_exit_model``) single-exit
     methods get ``--exit-layers none``: they train the final exit only."""
     if method not in CRITERIA:
-        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+        known = ", ".join((*METHODS, *ABLATIONS))
+        raise ValueError(f"unknown method {method!r}; expected one of {known}")
     flags = ["--criterion", CRITERIA[method]]
     if method in CONTRASTIVE_METHODS:
         flags += _flag("--contrastive-lambda", lam)

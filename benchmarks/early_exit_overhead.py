@@ -44,6 +44,7 @@ from acl_fairseq.early_exit.benchmark import (
     stagger_exit_heads,
 )
 from acl_fairseq.early_exit.measure import Batch, sweep
+from acl_fairseq.early_exit.policies import EntropyPolicy
 from acl_fairseq.early_exit.thresholds import collect_exits
 from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
 
@@ -99,7 +100,7 @@ def overhead_table(
             thresholds = [entropy_for_mean_exit(logits, t) for t in targets]
             grid = [NOBODY_LEAVES, *dict.fromkeys(thresholds)]
             with torch.inference_mode():
-                rows = sweep(model, batches, "entropy", grid, HEAD, rounds, batch_size=size)
+                rows = sweep(model, batches, [EntropyPolicy(t) for t in grid], HEAD, rounds, size)
             tokens = sum(int(t.ne(pad).sum()) for t, _ in batches)
             mean_tokens = tokens / sum(int(t.size(0)) for t, _ in batches)
             plain = f"{rows[0]['full_ms'] * size:.2f}"

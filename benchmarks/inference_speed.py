@@ -161,7 +161,7 @@ def loop_cost(
     grid = [NEVER, NOBODY_LEAVES, *thresholds]
     for size, batches in batches_by_size.items():
         with torch.inference_mode():
-            rows = sweep(model, batches, "entropy", grid, head, rounds, batch_size=size)
+            rows = sweep(model, batches, [EntropyPolicy(t) for t in grid], head, rounds, size)
         for row in rows[1:]:
             t = row["threshold"]
             if t in (NEVER, NOBODY_LEAVES):
@@ -392,7 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         thresholds = [entropy_for_mean_exit(logits, t) for t in (2.0, 3.0, 4.0)]
     thresholds = list(dict.fromkeys(thresholds))
-    rows = sweep(model, batches, "entropy", thresholds, HEAD, args.rounds, args.batch)
+    rows = sweep(
+        model, batches, [EntropyPolicy(t) for t in thresholds], HEAD, args.rounds, args.batch
+    )
     show_acc = bool(args.checkpoint)
     header = ["threshold", "mean exit layer", "exit share by layer"]
     header += ["accuracy %"] if show_acc else []

@@ -8,9 +8,14 @@ median seconds per update and the ratio to the baseline. Peak memory: on a GPU t
 ``VmHWM``) during 3 updates of a fresh process that runs that method alone, after a first
 update has allocated the optimizer state (``--no-memory`` skips these processes).
 
+``--precision fp32,bf16`` runs every method in each precision (bf16: the task's
+``--autocast bf16``, fp32 weights; on CPU or CUDA): one more column gives each row's ratio to
+the same method in fp32.
+
     python benchmarks/train_cost.py                      # MiniLM-L6 sized, batch 32, length 128
     python benchmarks/train_cost.py --layers 12 --dim 768 --heads 12 --ffn 3072   # BERT-base
     python benchmarks/train_cost.py --top-k 1,2,3        # --acl-grad-scope top:1..3 rows
+    python benchmarks/train_cost.py --precision fp32,bf16 --methods ce,acl   # CE, exact ACL-Grad
 """
 
 import argparse
@@ -22,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from fairseq import options, tasks
@@ -30,33 +36,65 @@ from fairseq.trainer import Trainer
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
 
-METHODS = {
-    "CE (fairseq sentence_prediction)": ["--criterion", "sentence_prediction"],
-    "CE+SCL (ce_scl)": ["--criterion", "ce_scl"],
-    "ACL-Embed, ACL-Grad off": ["--criterion", "acl_embed", "--no-acl-grad"],
-    "ACL-Embed + ACL-Grad (acl_embed)": ["--criterion", "acl_embed"],
-    "ACL-Embed + ACL-Grad, --acl-grad-scope head": [
-        "--criterion",
-        "acl_embed",
-        "--acl-grad-scope",
-        "head",
-    ],
+METHODS = {  # key -> (row label, fairseq-train flags)
+    "ce": ("CE (fairseq sentence_prediction)", ["--criterion", "sentence_prediction"]),
+    "ce_scl": ("CE+SCL (ce_scl)", ["--criterion", "ce_scl"]),
+    "acl_no_grad": ("ACL-Embed, ACL-Grad off", ["--criterion", "acl_embed", "--no-acl-grad"]),
+    "acl": ("ACL-Embed + ACL-Grad (acl_embed)", ["--criterion", "acl_embed"]),
+    "acl_head": (
+        "ACL-Embed + ACL-Grad, --acl-grad-scope head",
+        ["--criterion", "acl_embed", "--acl-grad-scope", "head"],
+    ),
 }
+PRECISIONS = {"fp32": [], "bf16": ["--autocast", "bf16"]}  # --precision -> task flags
 
 
-def methods_with_top_k(top_k: str, layers: int) -> dict[str, list[str]]:
+class Row(NamedTuple):
+    """One timed configuration: a method in a precision."""
+
+    key: str  # METHODS key (or acl_topK)
+    precision: str
+    label: str
+    args: list[str]
+
+    @property
+    def name(self) -> str:
+        return f"{self.key}@{self.precision}"
+
+
+def methods_with_top_k(top_k: str, layers: int) -> dict[str, tuple[str, list[str]]]:
     """:data:`METHODS` plus one ``--acl-grad-scope top:K`` row per K of ``top_k`` (a comma
     list) that fits ``layers``."""
     methods = dict(METHODS)
     for item in filter(None, (x.strip() for x in top_k.split(","))):
         if int(item) <= layers:
-            methods[f"ACL-Embed + ACL-Grad, --acl-grad-scope top:{item}"] = [
-                "--criterion",
-                "acl_embed",
-                "--acl-grad-scope",
-                f"top:{item}",
-            ]
+            methods[f"acl_top{item}"] = (
+                f"ACL-Embed + ACL-Grad, --acl-grad-scope top:{item}",
+                ["--criterion", "acl_embed", "--acl-grad-scope", f"top:{item}"],
+            )
     return methods
+
+
+def make_rows(a: argparse.Namespace, p: argparse.ArgumentParser) -> list[Row]:
+    """The rows of ``--methods`` x ``--precision``, precision-major (CE fp32 first)."""
+    methods = methods_with_top_k(a.top_k, a.layers)
+    keys = [k.strip() for k in a.methods.split(",") if k.strip()] if a.methods else list(methods)
+    precisions = [x.strip() for x in a.precision.split(",") if x.strip()]
+    for key in keys:
+        if key not in methods:
+            p.error(f"--methods: unknown method {key!r}; choose from {', '.join(methods)}")
+    for precision in precisions:
+        if precision not in PRECISIONS:
+            p.error(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if not keys or not precisions:
+        p.error("--methods and --precision need at least one value each")
+    rows = []
+    for precision in precisions:
+        for key in keys:
+            label, args = methods[key]
+            suffix = "" if precisions == ["fp32"] else f" [{precision}]"
+            rows.append(Row(key, precision, label + suffix, args + PRECISIONS[precision]))
+    return rows
 
 
 def write_dicts(root: Path, vocab: int, classes: int) -> None:
@@ -141,10 +179,10 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def cpu_peak_rss_mib(method: str) -> float:
-    """Peak resident set size (MiB) of a fresh process running only ``method``."""
+def cpu_peak_rss_mib(row: Row) -> float:
+    """Peak resident set size (MiB) of a fresh process running only ``row``."""
     out = subprocess.run(
-        [sys.executable, __file__, *sys.argv[1:], "--no-memory", "--only", method],
+        [sys.executable, __file__, *sys.argv[1:], "--no-memory", "--only", row.name],
         check=True,
         capture_output=True,
         text=True,
@@ -170,16 +208,29 @@ def main() -> None:
         default="1,2",
         help="comma list of K: one --acl-grad-scope top:K row each (default: 1,2; '' none)",
     )
+    p.add_argument(
+        "--methods",
+        default="",
+        help="comma list of the methods to time (default: all): "
+        + ", ".join(METHODS)
+        + ", acl_topK (with --top-k)",
+    )
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        help="comma list: fp32 and/or bf16 (--autocast bf16); every method runs in each",
+    )
     p.add_argument("--only", help=argparse.SUPPRESS)
     a = p.parse_args()
-    methods = methods_with_top_k(a.top_k, a.layers)
-    if a.only is not None and a.only not in methods:
-        p.error(f"--only: unknown method {a.only!r}")
+    rows = make_rows(a, p)
+    by_name = {row.name: row for row in rows}
+    if a.only is not None and a.only not in by_name:
+        p.error(f"--only: unknown row {a.only!r}")
 
     if a.only:  # child process of cpu_peak_rss_mib
         with tempfile.TemporaryDirectory() as tmp:
             write_dicts(Path(tmp), a.vocab, a.classes)
-            trainer = build_trainer(Path(tmp), a, methods[a.only])
+            trainer = build_trainer(Path(tmp), a, by_name[a.only].args)
             trainer.train_step([make_sample(a, trainer.device)])  # optimizer state allocated
             reset_peak_rss()
             for _ in range(3):
@@ -190,8 +241,8 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as tmp:
         write_dicts(Path(tmp), a.vocab, a.classes)
-        trainers = {name: build_trainer(Path(tmp), a, args) for name, args in methods.items()}
-        times: dict[str, list[float]] = {name: [] for name in methods}
+        trainers = {row.name: build_trainer(Path(tmp), a, row.args) for row in rows}
+        times: dict[str, list[float]] = {row.name: [] for row in rows}
         peak: dict[str, float] = {}
         for trainer in trainers.values():  # warm-up
             trainer.train_step([make_sample(a, trainer.device)])
@@ -211,20 +262,30 @@ def main() -> None:
                     peak[name] = torch.cuda.max_memory_allocated() / 2**20
 
     if not cuda and not a.no_memory:
-        peak = {name: cpu_peak_rss_mib(name) for name in methods}
-    base = statistics.median(times[next(iter(methods))])
+        peak = {row.name: cpu_peak_rss_mib(row) for row in rows}
+    median = {name: statistics.median(t) for name, t in times.items()}
+    base = median[rows[0].name]
+    base_mem = peak.get(rows[0].name)
     device = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(f"\nmodel: {a.layers} layers x {a.dim}, batch {a.batch} x {a.length} tokens, {device}")
     print(f"{a.rounds} rounds x {a.updates} updates per method, median seconds per update\n")
     kind = "GPU max allocated" if cuda else "CPU peak RSS during updates"
-    print(f"| method | s/update | ratio to CE | peak MiB ({kind}) | ratio to CE |")
-    print("|---|---|---|---|---|")
-    base_mem = peak.get(next(iter(methods)))
-    for name in methods:
-        med = statistics.median(times[name])
-        mem = f"{peak[name]:.0f}" if name in peak else "not measured"
-        mem_ratio = f"{peak[name] / base_mem:.2f}x" if name in peak and base_mem else "-"
-        print(f"| {name} | {med:.3f} | {med / base:.2f}x | {mem} | {mem_ratio} |")
+    precisions = sorted({row.precision for row in rows}, key=list(PRECISIONS).index)
+    vs_fp32 = len(precisions) > 1 and "fp32" in precisions
+    first = "CE" if rows[0].key == "ce" else rows[0].label.split(" [")[0]
+    first += f" {rows[0].precision}" if len(precisions) > 1 else ""
+    extra = " ratio to the method in fp32 |" if vs_fp32 else ""
+    print(f"| method | s/update | ratio to {first} | peak MiB ({kind}) | ratio |{extra}")
+    print("|---|---|---|---|---|" + ("---|" if vs_fp32 else ""))
+    for row in rows:
+        med = median[row.name]
+        mem = f"{peak[row.name]:.0f}" if row.name in peak else "not measured"
+        mem_ratio = f"{peak[row.name] / base_mem:.2f}x" if row.name in peak and base_mem else "-"
+        line = f"| {row.label} | {med:.3f} | {med / base:.2f}x | {mem} | {mem_ratio} |"
+        if vs_fp32:
+            fp32 = median.get(f"{row.key}@fp32")
+            line += f" {med / fp32:.2f}x |" if fp32 else " - |"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,19 @@
 # --distributed-world-size 2 without GPUs, and torchrun fails without CUDA. This script starts
 # the N ranks itself, each as
 #
-#   COMMAND ARGS... --cpu --distributed-backend gloo --ddp-backend legacy_ddp \
+#   COMMAND ARGS... --cpu --distributed-backend gloo \
 #       --distributed-init-method tcp://127.0.0.1:PORT --distributed-world-size N \
 #       --distributed-rank R --distributed-no-spawn
 #
 # with OMP_NUM_THREADS=1 (unless set) so the ranks do not fight over cores. The log of
-# rank 0 then says "training on N devices". Each worker gets the per-worker --batch-size,
+# rank 0 then says "training on N devices".
+#
+# The data-parallel backend is the command's: a --ddp-backend in ARGS is kept, and without
+# one fairseq's default applies, pytorch_ddp (torch's DistributedDataParallel; alias c10d).
+# On CPU, pytorch_ddp needs the plugin (--user-dir acl_fairseq), which builds torch's DDP
+# without the GPU device ids stock fairseq 0.12 passes; stock fairseq on CPU needs
+# --ddp-backend legacy_ddp (fairseq's own all-reduce after backward). RoBERTa's unused LM
+# head makes pytorch_ddp need --find-unused-parameters (as in fairseq's GLUE recipes). Each worker gets the per-worker --batch-size,
 # so N workers x --batch-size B update like 1 worker with --batch-size B --update-freq N
 # (same examples per update, same gradient up to float rounding; ACL-Grad takes one
 # decision per update on the all-reduced gradients, the same on every worker).
@@ -29,7 +36,8 @@
 #
 # Example (2 workers, tiny run):
 #   scripts/launch_cpu_workers.sh 2 --log-dir logs -- fairseq-train data-bin/RTE \
-#       --user-dir acl_fairseq --task acl_sentence_prediction --criterion acl_embed ...
+#       --user-dir acl_fairseq --task acl_sentence_prediction --criterion acl_embed \
+#       --find-unused-parameters ...
 #
 # Tip: --acl-grad-log 'angles.{rank}.tsv' writes one ACL-Grad log per rank.
 set -uo pipefail
@@ -92,7 +100,7 @@ for ((r = 0; r < N; r++)); do
     fi
     # the job's status is the command's (pipefail); it ends after its log lines are printed
     {
-        "$@" --cpu --distributed-backend gloo --ddp-backend legacy_ddp \
+        "$@" --cpu --distributed-backend gloo \
             --distributed-init-method "tcp://127.0.0.1:$PORT" --distributed-world-size "$N" \
             --distributed-rank "$r" --distributed-no-spawn 2>&1 |
             "${sink[@]}" | awk -v p="[rank $r] " '{ print p $0; fflush() }'

@@ -103,6 +103,27 @@ def make_dataset(
     return preprocess(raw, root / "bin", pair)
 
 
+def make_dataset_with_test(root: Path, sizes: tuple[int, int, int] = (64, 32, 32)) -> Path:
+    """train / valid (dev) / test of ``sizes`` examples, binarized in the sentence_prediction
+    layout under ``root/bin``."""
+    raw = root / "raw"
+    raw.mkdir(parents=True)
+    for (split, seed), n in zip((("train", 0), ("valid", 1), ("test", 2)), sizes):
+        write_sentiment_split(raw / split, n, seed)
+    dest = root / "bin"
+    for field in ("input0", "label"):
+        run(
+            [
+                str(BIN / "fairseq-preprocess"), "--only-source",
+                "--trainpref", str(raw / f"train.{field}"),
+                "--validpref", str(raw / f"valid.{field}"),
+                "--testpref", str(raw / f"test.{field}"),
+                "--destdir", str(dest / field), "--workers", "1",
+            ]
+        )  # fmt: skip
+    return dest
+
+
 def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
     """Runs a command; on failure raises with the tail of its output."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
@@ -250,3 +271,22 @@ def prepare_tsv_task(root: Path, pair: bool = False) -> tuple[Path, list[list[st
 
     assert prepare_main([str(a) for a in argv]) == 0
     return root / "out" / "sst-bin", test_rows
+
+
+PATCHED_TRAIN = REPO / "tests" / "patched_fairseq_train.py"
+
+
+def fairseq_train_with(
+    data: Path, save_dir: Path, *args: str, workers: int = 1, patches: tuple[str, ...] = ()
+) -> str:
+    """``fairseq-train`` on ``workers`` CPU processes (more than 1: through
+    scripts/launch_cpu_workers.sh, see :func:`rank_output`), with the test-only ``patches`` of
+    tests/patched_fairseq_train.py (e.g. ``("cpu_fp16",)``)."""
+    cmd = train_command(data, save_dir, *args)
+    env = {"PYTHON": sys.executable}
+    if patches:
+        cmd = [sys.executable, str(PATCHED_TRAIN), *cmd[1:]]
+        env["ACL_TEST_PATCHES"] = ",".join(patches)
+    if workers > 1:
+        cmd = ["bash", str(LAUNCHER), str(workers), "--", *cmd]
+    return run(cmd, env)

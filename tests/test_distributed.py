@@ -1,28 +1,44 @@
-"""Data-parallel training on CPU (scripts/launch_cpu_workers.sh) equals gradient accumulation.
+"""Data-parallel training on CPU (scripts/launch_cpu_workers.sh, gloo) equals gradient
+accumulation, under both of fairseq's data-parallel backends.
 
 2 workers x ``--batch-size B`` and 1 worker x ``--batch-size B --update-freq 2`` see the same
 examples in every update: fairseq shuffles the *batches* of an epoch with ``seed + epoch``
 (the same on every worker), then ``ShardedIterator`` gives worker r the batches r, r+2, ...,
-while ``GroupedIterator`` gives the single worker the batches 2u, 2u+1 for update u. The
-batches themselves do not depend on the number of workers (``--batch-size`` fixed,
-``--required-batch-size-multiple 1``, 384 examples = 48 full batches of 8). With dropout 0
-the two runs then compute the same gradient up to float rounding, and ACL-Grad, which decides
-once per update on the all-reduced gradients, takes the same decisions on every worker.
+while ``GroupedIterator`` gives the single worker the batches 2u, 2u+1 for update u (with
+``--update-freq k`` on 2 workers, 1 worker needs ``--update-freq 2k``). The batches themselves
+do not depend on the number of workers (``--batch-size`` fixed,
+``--required-batch-size-multiple 1``, 384 examples = 48 full batches of 8). With dropout 0 the
+runs then compute the same gradient up to float rounding, and ACL-Grad, which decides once per
+update on the all-reduced gradients, takes the same decisions on every worker.
+
+``--ddp-backend legacy_ddp`` all-reduces ``.grad`` after the update's last backward;
+``pytorch_ddp`` (alias ``c10d``, torch's DistributedDataParallel, built on CPU by the plugin)
+reduces it inside the last backward (``no_sync`` before). Both must give what one worker gives.
+The ``head`` / ``top:K`` scopes decide per micro-batch on the gradients summed over the
+workers, so there the two backends must agree with each other (one worker with
+``--update-freq 2`` decides per single batch, by design not the same).
 """
 
 import subprocess
 import sys
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from acl_fairseq.acl_grad import read_angle_log
+from acl_fairseq.distributed import (
+    call_through_wrappers,
+    check_unused_parameters,
+    find_ddp,
+    unwrap_model,
+)
 
 from fairseq_helpers import (
     LAUNCHER,
     TINY_ROBERTA,
-    fairseq_train,
-    fairseq_train_workers,
+    fairseq_train_with,
     json_records,
     rank_output,
     train_args,
@@ -48,92 +64,173 @@ CASES = {
     "ce_scl": [*TINY_ROBERTA, "--criterion", "ce_scl"],
     "ce_scl_acl_grad": [*TINY_ROBERTA, "--criterion", "ce_scl", "--acl-grad"],
     "acl_cross_layer": [*MULTI_EXIT, "--criterion", "acl_cross_layer"],
+    "head": [*TINY_ROBERTA, "--criterion", "acl_embed", "--acl-grad-scope", "head"],
+    "top:1": [*TINY_ROBERTA, "--criterion", "acl_embed", "--acl-grad-scope", "top:1"],
 }
+PER_MICRO_BATCH = ("head", "top:1")  # the scopes that decide per micro-batch
 LOGGED = ("loss", "ce_loss", "contrastive_loss", "accuracy", "acl_grad_angle", "acl_grad_drop")
 
 
-def train_inner(output: str) -> list[dict]:
-    return [r for r in json_records(output) if "num_updates" in r and "epoch" in r]
+@dataclass(frozen=True)
+class Run:
+    """One training run of a case: ``workers`` processes (1: no distributed flags)."""
+
+    case: str
+    workers: int = 1
+    update_freq: int = 1
+    backend: str = "legacy_ddp"
+    find_unused: bool = False  # --find-unused-parameters (else the LM head is built frozen)
+
+    def args(self, save_dir) -> list[str]:
+        args = [*COMMON, *CASES[self.case], "--update-freq", str(self.update_freq)]
+        args += ["--acl-grad-log", str(save_dir / "angles.{rank}.tsv")]
+        if self.workers > 1:
+            args += ["--ddp-backend", self.backend]
+            args += ["--find-unused-parameters"] if self.find_unused else []
+        return args
+
+    @property
+    def patches(self) -> tuple[str, ...]:
+        torch_ddp = self.workers > 1 and self.backend in ("pytorch_ddp", "c10d")
+        return ("frozen_lm_head",) if torch_ddp and not self.find_unused else ()
 
 
-def read_angles(path) -> list[tuple[int, float, int]]:
-    return [(r.update, r.angle, int(r.kept)) for r in read_angle_log(path)]
+@dataclass
+class Trained:
+    run: Run
+    output: str  # rank 0's
+    save_dir: object
+
+    def train_inner(self) -> list[dict]:
+        return [r for r in json_records(self.output) if "num_updates" in r and "epoch" in r]
+
+    def angles(self, rank: int) -> list[tuple[int, float, int]]:
+        rows = read_angle_log(self.save_dir / f"angles.{rank}.tsv")
+        return [(r.update, r.angle, int(r.kept)) for r in rows]
+
+    def state(self) -> dict[str, torch.Tensor]:
+        path = self.save_dir / "checkpoint_last.pt"
+        return torch.load(path, map_location="cpu", weights_only=False)["model"]
 
 
-def model_state(path) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+@pytest.fixture(scope="module")
+def trained(sentiment_data, tmp_path_factory):
+    """``trained(Run(...))``: the run, trained once per test module."""
+    cache: dict[Run, Trained] = {}
+
+    def train(r: Run) -> Trained:
+        if r not in cache:
+            save_dir = tmp_path_factory.mktemp("run")
+            out = fairseq_train_with(
+                sentiment_data, save_dir, *r.args(save_dir), workers=r.workers, patches=r.patches
+            )
+            rank0 = rank_output(out, 0) if r.workers > 1 else out
+            assert f"training on {r.workers} devices" in rank0
+            cache[r] = Trained(r, rank0, save_dir)
+        return cache[r]
+
+    return train
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
-def test_two_workers_equal_update_freq_two(sentiment_data, tmp_path, case):
-    args = [*COMMON, *CASES[case]]
-    acl_grad = case != "ce_scl"
-    one, two = tmp_path / "one", tmp_path / "two"
-    out1 = fairseq_train(
-        sentiment_data,
-        one,
-        *args,
-        "--update-freq",
-        "2",
-        "--acl-grad-log",
-        str(one / "angles.{rank}.tsv"),
-    )
-    out2 = fairseq_train_workers(
-        2, sentiment_data, two, *args, "--acl-grad-log", str(two / "angles.{rank}.tsv")
-    )
-    rank0 = rank_output(out2, 0)
-    assert "training on 2 devices" in rank0
-    assert "training on 1 devices" in out1
-
-    # same parameters after the same updates
-    s1, s2 = model_state(one / "checkpoint_last.pt"), model_state(two / "checkpoint_last.pt")
+def assert_same_training(a: Trained, b: Trained, angles: bool = True) -> None:
+    """Same parameters after the same updates, the same logged statistics, and (``angles``)
+    the same ACL-Grad decisions and angles, on every worker of ``b``."""
+    s1, s2 = a.state(), b.state()
     assert s1.keys() == s2.keys()
     diff = max((s1[k].double() - s2[k].double()).abs().max().item() for k in s1)
-    print(f"{case}: largest parameter difference 1 vs 2 workers = {diff:.3g}")
+    print(f"{a.run} vs {b.run}: largest parameter difference {diff:.3g}")
     for k in s1:
         torch.testing.assert_close(s2[k], s1[k], rtol=1e-4, atol=1e-5, msg=k)
 
-    # the same per-update statistics (rank 0 logs the all-reduced values)
-    r1, r2 = train_inner(out1), train_inner(rank0)
-    assert [int(r["num_updates"]) for r in r1] == list(range(1, UPDATES + 1))
-    assert [int(r["num_updates"]) for r in r2] == list(range(1, UPDATES + 1))
-    assert all(float(r["bsz"]) == 16 for r in r1 + r2)  # 2 x 8 examples per update
-    for a, b in zip(r1, r2):
-        assert a.keys() == b.keys()
+    r1, r2 = a.train_inner(), b.train_inner()
+    examples = 8 * b.run.workers * b.run.update_freq
+    for records in (r1, r2):
+        assert [int(r["num_updates"]) for r in records] == list(range(1, UPDATES + 1))
+        assert all(float(r["bsz"]) == examples for r in records)
+    for x, y in zip(r1, r2):
+        assert x.keys() == y.keys()
         for key in LOGGED:
-            if key in a:
-                assert float(b[key]) == pytest.approx(float(a[key]), abs=2e-3), key
+            if key in x:
+                assert float(y[key]) == pytest.approx(float(x[key]), abs=2e-3), key
 
-    # ACL-Grad: one decision per update, the same on every worker and as with --update-freq
-    logs = sorted(p.name for p in two.glob("angles.*.tsv"))
+    acl_grad = a.run.case != "ce_scl"
+    logs = sorted(p.name for p in b.save_dir.glob("angles.*.tsv"))
     if not acl_grad:
         assert logs == [] and "acl_grad_angle" not in r2[-1]
         return
-    assert logs == ["angles.0.tsv", "angles.1.tsv"]
-    single = read_angles(one / "angles.0.tsv")
-    assert [u for u, _, _ in single] == list(range(UPDATES))
-    for rank in (0, 1):
-        rows = read_angles(two / f"angles.{rank}.tsv")
-        assert [(u, k) for u, _, k in rows] == [(u, k) for u, _, k in single], rank
-        assert [a for _, a, _ in rows] == pytest.approx([a for _, a, _ in single], abs=1e-3)
+    assert logs == [f"angles.{rank}.tsv" for rank in range(b.run.workers)]
+    if not angles:
+        return
+    reference = a.angles(0)
+    per_update = 1 if a.run.case not in PER_MICRO_BATCH else a.run.update_freq
+    assert [u for u, _, _ in reference] == [u for u in range(UPDATES) for _ in range(per_update)]
+    for rank in range(b.run.workers):
+        rows = b.angles(rank)
+        assert [(u, k) for u, _, k in rows] == [(u, k) for u, _, k in reference], rank
+        assert [x for _, x, _ in rows] == pytest.approx([x for _, x, _ in reference], abs=5e-3)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scope", ["head", "top:1"])
-def test_head_scope_workers_take_the_same_decisions(sentiment_data, tmp_path, scope):
-    """--acl-grad-scope head (top:1: plus the top encoder layer) decides per micro-batch on
-    the gradients summed over the workers: every worker logs the same angles and decisions,
-    one row per update here."""
-    args = [*COMMON, *CASES["acl_embed"], "--acl-grad-scope", scope]
-    out = fairseq_train_workers(
-        2, sentiment_data, tmp_path, *args, "--acl-grad-log", str(tmp_path / "angles.{rank}.tsv")
-    )
-    assert "training on 2 devices" in rank_output(out, 0)
-    rank0 = read_angles(tmp_path / "angles.0.tsv")
-    rank1 = read_angles(tmp_path / "angles.1.tsv")
-    assert [u for u, _, _ in rank0] == list(range(UPDATES))
-    assert rank1 == rank0
+@pytest.mark.parametrize("case", ["acl_embed", "ce_scl", "ce_scl_acl_grad", "acl_cross_layer"])
+def test_two_workers_equal_update_freq_two(trained, case):
+    """legacy_ddp: 2 workers decide and update like 1 worker with --update-freq 2."""
+    assert_same_training(trained(Run(case, update_freq=2)), trained(Run(case, workers=2)))
+
+
+# (case, --ddp-backend, --update-freq, --find-unused-parameters): torch's DDP with and without
+# unused-parameter detection (without: the unused LM head built frozen), with fairseq's
+# no_sync path (--update-freq 2), through both spellings of the backend
+TORCH_DDP = [
+    ("acl_embed", "pytorch_ddp", 1, True),
+    ("acl_embed", "c10d", 2, False),
+    ("acl_cross_layer", "pytorch_ddp", 1, False),
+    ("acl_cross_layer", "c10d", 2, True),
+    ("ce_scl_acl_grad", "pytorch_ddp", 2, True),
+    ("ce_scl", "pytorch_ddp", 1, True),
+    ("head", "pytorch_ddp", 2, True),
+    ("top:1", "c10d", 1, False),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case,backend,update_freq,find_unused", TORCH_DDP)
+def test_torch_ddp_equals_legacy_ddp_and_one_worker(
+    trained, case, backend, update_freq, find_unused
+):
+    """pytorch_ddp / c10d: the same decisions, angles, statistics and final weights as
+    legacy_ddp with the same workers and --update-freq, and (scopes that decide per update)
+    as 1 worker with twice the --update-freq."""
+    torch_ddp = trained(Run(case, 2, update_freq, backend, find_unused))
+    legacy = trained(Run(case, 2, update_freq))
+    assert_same_training(legacy, torch_ddp)
+    if case in PER_MICRO_BATCH:  # rank 0's decision, broadcast
+        assert torch_ddp.angles(1) == torch_ddp.angles(0)
+    else:
+        assert_same_training(trained(Run(case, update_freq=2 * update_freq)), torch_ddp)
+
+
+@pytest.mark.slow
+def test_torch_ddp_with_an_unused_lm_head_needs_find_unused_parameters(sentiment_data, tmp_path):
+    """Without --find-unused-parameters torch's DDP would wait for the LM head's gradients
+    and stop at the second update; the task says so at set-up, naming the flag."""
+    args = [*COMMON, *CASES["acl_embed"], "--ddp-backend", "pytorch_ddp"]
+    with pytest.raises(AssertionError) as failure:
+        fairseq_train_with(sentiment_data, tmp_path, *args, workers=2)
+    message = str(failure.value)
+    assert "--ddp-backend pytorch_ddp with 2 workers needs --find-unused-parameters" in message
+    assert "encoder.lm_head" in message and "train_inner" not in message
+
+
+@pytest.mark.slow
+def test_two_workers_restore_a_checkpoint(trained, sentiment_data, tmp_path):
+    """Worker 0 loads --restore-file and broadcasts it; under torch >= 2.6 worker 1's
+    weights-only unpickling refused it until the plugin's broadcast (distributed.py)."""
+    checkpoint = trained(Run("acl_embed", update_freq=2)).save_dir / "checkpoint_last.pt"
+    args = [*COMMON, *CASES["acl_embed"], "--ddp-backend", "pytorch_ddp"]
+    args += ["--find-unused-parameters", "--restore-file", str(checkpoint), "--reset-optimizer"]
+    out = fairseq_train_with(sentiment_data, tmp_path, *args, "--max-update", "1", workers=2)
+    assert f"Loaded checkpoint {checkpoint}" in rank_output(out, 0)  # and both ranks exited 0
+    assert "Weights only load failed" not in rank_output(out, 1)
 
 
 def _launch(*args: str) -> subprocess.CompletedProcess:
@@ -153,7 +250,7 @@ def test_launcher_prefixes_each_rank_and_passes_the_distributed_flags():
     assert len(lines) == 3
     for rank, line in enumerate(lines):
         assert line.startswith(f"[rank {rank}] hello --cpu --distributed-backend gloo")
-        assert "--ddp-backend legacy_ddp" in line and "--distributed-no-spawn" in line
+        assert "--ddp-backend" not in line and "--distributed-no-spawn" in line  # fairseq's
         assert f"--distributed-world-size 3 --distributed-rank {rank}" in line
         assert "--distributed-init-method tcp://127.0.0.1:" in line
 
@@ -200,3 +297,120 @@ def test_angle_log_rank_placeholder_writes_one_file_per_rank(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["angles.0.tsv"]  # one process: rank 0
     (row,) = (tmp_path / "angles.0.tsv").read_text().splitlines()
     assert row.split("\t")[0] == "0" and float(row.split("\t")[1]) == pytest.approx(60.0)
+
+
+# ----------------------------------------------------------------- acl_fairseq.distributed
+class Wrapper(torch.nn.Module):
+    """A fairseq-style wrapper: keeps the model as ``.module``, forwards every call."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+        self.calls = 0
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.module(*args, **kwargs)
+
+
+class Inner(torch.nn.Module):
+    def forward(self, x):
+        return "forward"
+
+    def exits(self, x, scale=1):
+        if x is None:
+            raise ValueError("no input")
+        return ("exits", x * scale)
+
+
+def test_call_through_wrappers_runs_the_method_through_every_forward():
+    inner = Inner()
+    outer = Wrapper(Wrapper(inner))
+    assert call_through_wrappers(outer, "exits", 2, scale=3) == ("exits", 6)
+    assert outer.calls == outer.module.calls == 1
+    assert inner(0) == "forward" and "forward" not in vars(inner)  # forward is back
+    with pytest.raises(ValueError, match="no input"):
+        call_through_wrappers(outer, "exits", None)
+    assert inner(0) == "forward" and outer.calls == 2
+    assert call_through_wrappers(inner, "exits", 1) == ("exits", 1)  # no wrapper
+    assert unwrap_model(outer) is inner and find_ddp(outer) is None
+
+
+@pytest.mark.parametrize(
+    "backend,world_size,find_unused,unused,raises",
+    [
+        ("pytorch_ddp", 2, False, ["encoder.lm_head.bias"], True),
+        ("c10d", 4, False, ["a", "b", "c", "d", "e"], True),
+        ("pytorch_ddp", 2, True, ["encoder.lm_head.bias"], False),
+        ("pytorch_ddp", 1, False, ["encoder.lm_head.bias"], False),
+        ("legacy_ddp", 2, False, ["encoder.lm_head.bias"], False),
+        ("pytorch_ddp", 2, False, [], False),
+        ("pytorch_ddp", "${distributed_training.distributed_world_size}", False, ["x"], False),
+    ],
+)
+def test_torch_ddp_with_unused_parameters_needs_the_flag(
+    backend, world_size, find_unused, unused, raises
+):
+    cfg = SimpleNamespace(
+        ddp_backend=backend, distributed_world_size=world_size, find_unused_parameters=find_unused
+    )
+    if not raises:
+        check_unused_parameters(cfg, unused)
+        return
+    with pytest.raises(ValueError, match="needs --find-unused-parameters") as error:
+        check_unused_parameters(cfg, unused)
+    assert f"--ddp-backend {backend} with {world_size} workers" in str(error.value)
+    assert unused[0] in str(error.value)
+    assert ("and 2 more" in str(error.value)) is (len(unused) == 5)
+
+
+ONE_PROCESS_DDP = """
+import torch, torch.distributed as dist
+from argparse import Namespace
+from torch.nn.parallel import DistributedDataParallel
+import acl_fairseq
+from acl_fairseq.acl_grad import AclGrad, AclGradSettings, LossTerms
+from acl_fairseq.distributed import find_ddp
+from fairseq.models import DistributedFairseqModel
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+args = Namespace(tpu=False, ddp_backend="pytorch_ddp", device_id=0, broadcast_buffers=False,
+                 bucket_cap_mb=25, find_unused_parameters=False, gradient_as_bucket_view=False,
+                 ddp_comm_hook="none", heartbeat_timeout=-1)
+model = DistributedFairseqModel(args, torch.nn.Linear(2, 2), dist.group.WORLD, "cpu")
+print("fairseq's pytorch_ddp on CPU:", type(find_ddp(model)).__name__, find_ddp(model).device_ids)
+try:
+    DistributedDataParallel(torch.nn.Linear(2, 2), device_ids=[0])
+except Exception as e:
+    print("torch refuses device_ids on CPU:", "device_ids" in str(e))
+
+class Criterion:
+    acl_grad = AclGradSettings(90.0, "all")
+    def loss_terms(self, model, sample):
+        y = model(torch.ones(1, 2)).sum()
+        return LossTerms(y, y * 2, 1, {})
+    def check_model(self, model): pass
+
+static = DistributedDataParallel(torch.nn.Linear(2, 2), static_graph=True)
+try:
+    AclGrad().train_step({}, static, Criterion(), None, 0)
+except RuntimeError as e:
+    print("static graph:", str(e).split(":")[0])
+dist.destroy_process_group()
+"""
+
+
+def test_cpu_ddp_shim_and_the_static_graph_refusal_in_one_process():
+    """With the plugin imported, fairseq's pytorch_ddp wrapper builds torch's DDP on CPU
+    (torch refuses the device_ids fairseq passes); ACL-Grad refuses a static-graph DDP."""
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_PROCESS_DDP], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "fairseq's pytorch_ddp on CPU: CpuDistributedDataParallel None" in lines
+    assert "torch refuses device_ids on CPU: True" in lines
+    assert (
+        "static graph: ACL-Grad cannot train a DistributedDataParallel model built with "
+        "static_graph=True" in lines
+    )

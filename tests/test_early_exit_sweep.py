@@ -4,8 +4,10 @@ trained by ``fairseq-train``."""
 from __future__ import annotations
 
 import csv
+import io
 import math
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -15,18 +17,14 @@ from acl_fairseq.checkpoint.inference import load_for_inference
 from acl_fairseq.cli.sweep import main as sweep_main
 from acl_fairseq.data.splits import load_batches
 from acl_fairseq.early_exit.measure import sweep
-from acl_fairseq.early_exit.policies import EntropyPolicy, ExitPolicy, make_policy
-from acl_fairseq.early_exit.table import COLUMNS, format_markdown, read_sweep, write_table
+from acl_fairseq.early_exit.policies import ExitPolicy, make_policy
+from acl_fairseq.early_exit.table import COLUMNS, format_markdown, write_table
 from acl_fairseq.early_exit.thresholds import (
-    TargetError,
-    choose_row,
     collect_exits,
     exit_accuracies,
-    oracle_rows,
-    quantile_thresholds,
     simulate_exits,
 )
-from acl_fairseq.models.types import EarlyExitResult
+from acl_fairseq.models.types import EarlyExitResult, ExitOutput
 
 from fairseq_helpers import BIN, TINY_MULTI_EXIT, fairseq_train, run, train_args
 
@@ -54,13 +52,26 @@ class FakeMultiExit(torch.nn.Module):
         logits[confident, tokens[confident, 1]] = 20.0
         return logits
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = {"forward": 0, "early_exit": 0, "exit_outputs": 0}
+
     def forward(self, tokens: torch.Tensor, classification_head_name: str = HEAD):
+        self.calls["forward"] += 1
         time.sleep(self.LAYER_S * self.num_layers)
         return self._logits(tokens, self.num_layers), {}
+
+    def exit_outputs(self, tokens: torch.Tensor, classification_head_name: str = HEAD):
+        self.calls["exit_outputs"] += 1
+        time.sleep(self.LAYER_S * self.num_layers)
+        return [
+            ExitOutput(layer, self._logits(tokens, layer), None, None) for layer in (1, 2, 3, 4)
+        ]
 
     def early_exit(
         self, tokens: torch.Tensor, policy: ExitPolicy, classification_head_name: str = HEAD
     ) -> EarlyExitResult:
+        self.calls["early_exit"] += 1
         bsz = tokens.size(0)
         state = policy.init_state(bsz)
         exit_layers = torch.zeros(bsz, dtype=torch.long)
@@ -103,8 +114,10 @@ def one_thread():
 def test_sweep_table_maths_on_fake_model(tmp_path: Path, one_thread) -> None:
     batches, rows = _fake_batches()
     exit_at, label, target = rows.unbind(1)
-    table = sweep(FakeMultiExit(), batches, "entropy", [0.0, 0.5, math.inf], repeats=3)
+    policies = [make_policy("entropy", t) for t in (0.0, 0.5, math.inf)]
+    table = sweep(FakeMultiExit(), batches, policies, repeats=3)
     assert [r["policy"] for r in table] == ["none", "entropy", "entropy", "entropy"]
+    assert {r["dtype"] for r in table} == {"fp32"}
     assert all(r["batch_size"] == 8 and r["examples"] == 24 for r in table)
     full, never, half, always = table
     final_acc = 100.0 * float(label.eq(target).float().mean())
@@ -123,6 +136,8 @@ def test_sweep_table_maths_on_fake_model(tmp_path: Path, one_thread) -> None:
     first_pred = torch.where(exit_at.eq(1), label, torch.zeros_like(label))
     assert always["mean_exit_layer"] == 1 and always["layer_speedup"] == 4
     assert always["accuracy"] == pytest.approx(100.0 * float(first_pred.eq(target).float().mean()))
+    assert always["agreement"] == pytest.approx(100.0 * float(first_pred.eq(label).float().mean()))
+    assert full["agreement"] == never["agreement"] == half["agreement"] == 100.0
     for row in table[1:]:
         # the table's derived columns are consistent (wall-clock values themselves are not
         # asserted: the machine is shared and noisy; benchmarks/ measures them)
@@ -140,7 +155,8 @@ def test_sweep_table_maths_on_fake_model(tmp_path: Path, one_thread) -> None:
     assert written[0]["threshold"] == "" and written[3]["threshold"] == "inf"
     assert float(written[2]["layer_speedup"]) == pytest.approx(half["layer_speedup"], rel=1e-5)
     markdown = format_markdown(table).splitlines()
-    assert len(markdown) == 2 + 4 and markdown[0].startswith("| batch | policy | threshold |")
+    assert len(markdown) == 2 + 4
+    assert markdown[0].startswith("| dtype | batch | policy | threshold | accuracy % |")
 
 
 def test_simulate_exits() -> None:
@@ -203,14 +219,39 @@ def test_missing_split_and_checkpoint_name_the_sweeps_flags(tmp_path, capsys) ->
     assert "--checkpoint ckpt.pt: no such file" in capsys.readouterr().err
 
 
-def test_sweep_reports_progress_per_configuration(one_thread) -> None:
+def test_sweep_reuses_one_pass_and_times_only_the_loop(one_thread) -> None:
+    """One exit_outputs pass gives every policy's statistics (equal to running the loop);
+    the loop and the full forward run only for timing: one warm-up call on the first batch,
+    then every batch once per round."""
     batches, _ = _fake_batches()
+    policies = [make_policy("entropy", 0.5), make_policy("patience", 1)]
+    model = FakeMultiExit()
+    untimed = sweep(model, batches, policies, repeats=0)
+    assert model.calls == {"forward": 0, "early_exit": 0, "exit_outputs": len(batches)}
+    assert all(r["wall_speedup"] is None and r["early_ms"] is None for r in untimed)
+    for policy, row in zip(policies, untimed[1:]):  # simulated = the loop's own results
+        results = [model.early_exit(t, policy) for t, _ in batches]
+        target = torch.cat([t for _, t in batches])
+        layers = torch.cat([r.exit_layers for r in results]).double()
+        correct = torch.cat([r.predictions for r in results]).eq(target).double()
+        assert row["mean_exit_layer"] == pytest.approx(float(layers.mean()))
+        assert row["accuracy"] == pytest.approx(100.0 * float(correct.mean()))
+
+    model = FakeMultiExit()
     lines: list[str] = []
-    sweep(FakeMultiExit(), batches, "entropy", [0.0, 0.5], repeats=2, progress=lines.append)
-    assert len(lines) == 1 + 2 + 2  # full depth, each threshold, each timed round
-    assert lines[0].startswith("batch ") and "full depth: accuracy" in lines[0]
-    assert "entropy 0.5 (2/2): accuracy" in lines[2] and "mean exit layer" in lines[2]
-    assert "timed round 2/2 [" in lines[4]
+    timed = sweep(model, batches, policies, repeats=2, progress=lines.append)
+    rounds, warmup = 2 * len(batches), 1
+    assert model.calls == {
+        "forward": warmup + rounds,
+        "early_exit": len(policies) * (warmup + rounds),
+        "exit_outputs": len(batches),
+    }
+    assert [r["accuracy"] for r in timed] == [r["accuracy"] for r in untimed]
+    assert len(lines) == 2 and lines[1].startswith("fp32, batch 8: timed round 2/2 [")
+    model = FakeMultiExit()
+    given = collect_exits(model, batches, HEAD)
+    sweep(model, batches, policies, repeats=0, exits=given)
+    assert model.calls["exit_outputs"] == len(batches)  # the pass given is not repeated
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -305,89 +346,61 @@ def test_sweep_on_trained_checkpoint(
             assert torch.equal(preds, result.predictions), kind
 
 
-# ----------------------------------------------------------------------------- whole curve
+@pytest.mark.slow
+def test_sweep_per_exit_kind_at_two_precisions(sentiment_data: Path, tmp_path: Path) -> None:
+    """--policy per_exit_entropy --dtypes fp32,int8 --repeats 0: per precision, the full model
+    and the policies calibrated at each --drops target, from one pass each; no timing."""
+    fairseq_train(sentiment_data, tmp_path / "ckpt", *TRAIN)
+    ckpt = tmp_path / "ckpt" / "checkpoint_last.pt"
+    out = run(
+        [
+            str(BIN / "acl-fairseq-sweep"), str(ckpt), str(sentiment_data),
+            "--policy", "per_exit_entropy", "--drops", "0,5,100", "--dtypes", "fp32,int8",
+            "--batch-sizes", "1,16", "--max-examples", "40", "--repeats", "0", "--cpu",
+            "--out", str(tmp_path / "sweep.csv"),
+        ]
+    )  # fmt: skip
+    assert "no timing (--repeats 0)" in out and "full depth at int8: accuracy" in out
+    rows = [r for r in _read(tmp_path / "sweep.csv", ",") if not r["policy"].startswith("oracle")]
+    assert [r["dtype"] for r in rows][0] == "fp32" and {r["dtype"] for r in rows} == {
+        "fp32",
+        "int8",
+    }
+    assert all(r["wall_speedup"] == "" for r in rows)
+    model, task, _ = load_for_inference(ckpt, sentiment_data, multi_exit=True)
+    exits, targets = collect_exits(model, load_batches(task, "valid", 1, 40), HEAD)
+    fp32 = [r for r in rows if r["dtype"] == "fp32" and r["batch_size"] == "1"]
+    assert fp32[0]["policy"] == "none" and {r["policy"] for r in fp32[1:]} == {"per_exit_entropy"}
+    for r in fp32[1:]:  # each row's policy reads back and gives its row on the split
+        policy = make_policy(r["policy"], r["threshold"])
+        layers, preds = simulate_exits(exits, policy)
+        assert float(r["mean_exit_layer"]) == pytest.approx(float(layers.double().mean()), abs=1e-4)
+        assert float(r["accuracy"]) == pytest.approx(
+            100.0 * float(preds.eq(targets).double().mean()), abs=1e-3
+        )
+    assert float(fp32[-1]["mean_exit_layer"]) == 1.0  # the 100-point target: all at exit 1
 
 
-def _constructed_exits(
-    n: int = 400, seed: int = 0
-) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
-    """Exits at layers 1, 2, 4 + final 6 on 3 classes, confidence growing with depth."""
-    gen = torch.Generator().manual_seed(seed)
-    target = torch.randint(0, 3, (n,), generator=gen)
-    out = []
-    for depth, layer in enumerate((1, 2, 4, 6), start=1):
-        logits = torch.randn(n, 3, generator=gen)
-        logits[torch.arange(n), target] += depth * torch.rand(n, generator=gen) * 2
-        out.append((layer, logits))
-    return out, target
-
-
-@pytest.mark.parametrize("kind", ["entropy", "maxprob"])
-def test_quantile_thresholds_spread_the_mean_exit_layer(kind: str) -> None:
-    exits, _ = _constructed_exits()
-    thresholds = quantile_thresholds(exits, kind, 10)
-    assert len(thresholds) == 10 and len(set(thresholds)) == 10
-    means = [
-        float(simulate_exits(exits, make_policy(kind, t))[0].double().mean()) for t in thresholds
-    ]
-    assert all(a > b for a, b in zip(means, means[1:])), means  # monotone
-    assert means[-1] == 1.0 and means[0] > 5.0  # covers the range 6 -> 1
-    expected = [6 - 5 * i / 10 for i in range(1, 11)]  # L - q (L - l_1)
-    assert max(abs(m - e) for m, e in zip(means, expected)) < 0.05, means
-    with pytest.raises(ValueError, match="quantiles:N"):
-        quantile_thresholds(exits, kind, 0)
-
-
-def test_oracle_rows_equal_a_naive_loop() -> None:
-    exits, target = _constructed_exits(n=60, seed=3)
-    final = exits[-1][1].argmax(-1)
-    rows = oracle_rows(exits, target, batch_size=8)
-    assert [r["policy"] for r in rows] == ["oracle-final", "oracle-gold"]
-    for row, goal in zip(rows, (final, target)):
-        layers, correct = [], 0
-        for i in range(len(target)):
-            hit = next(((lay, x[i].argmax()) for lay, x in exits if x[i].argmax() == goal[i]), None)
-            layer, pred = hit if hit is not None else (6, final[i])
-            layers.append(layer)
-            correct += int(pred == target[i])
-        assert row["mean_exit_layer"] == pytest.approx(sum(layers) / len(layers))
-        assert row["accuracy"] == pytest.approx(100.0 * correct / len(target))
-        assert row["layer_speedup"] == pytest.approx(6 / row["mean_exit_layer"])
-        assert row["wall_speedup"] is None and row["batch_size"] == 8
-    full_acc = 100.0 * float(final.eq(target).double().mean())
-    assert rows[0]["accuracy"] == pytest.approx(full_acc)
-    assert rows[1]["accuracy"] > full_acc and rows[1]["mean_exit_layer"] < 6
-
-
-def _row(policy: str, threshold, accuracy: float, speedup: float) -> dict:
-    return {"policy": policy, "threshold": threshold, "accuracy": accuracy,
-            "layer_speedup": speedup, "examples": 100, "mean_exit_layer": 6 / speedup}  # fmt: skip
-
-
-TABLE = [
-    _row("none", None, 90.0, 1.0),
-    _row("entropy", 0.1, 90.0, 1.2),
-    _row("entropy", 0.2, 89.5, 1.8),
-    _row("entropy", 0.3, 88.0, 2.5),
-    _row("entropy", 0.4, 80.0, 4.0),
-    _row("oracle-final", None, 90.0, 5.0),
-]
-
-
-def test_choose_row_for_a_target() -> None:
-    assert choose_row(TABLE, max_accuracy_drop=0.5)["threshold"] == 0.2
-    assert choose_row(TABLE, max_accuracy_drop=0.0)["threshold"] == 0.1
-    assert choose_row(TABLE, max_accuracy_drop=2.0)["threshold"] == 0.3
-    assert choose_row(TABLE, target_speedup=2.0)["threshold"] == 0.3
-    assert choose_row(TABLE, target_speedup=1.8)["threshold"] == 0.2
-    assert choose_row(TABLE, target_speedup=4.0)["threshold"] == 0.4  # oracle rows ignored
-    with pytest.raises(TargetError, match=r"--target-speedup 5: .* largest .* 4\.00"):
-        choose_row(TABLE, target_speedup=5.0)
-    worse = [TABLE[0], _row("entropy", 0.5, 85.0, 3.0)]
-    with pytest.raises(TargetError, match=r"--max-accuracy-drop 1: .* smallest drop .* 5\.00"):
-        choose_row(worse, max_accuracy_drop=1.0)
-    with pytest.raises(ValueError, match="exactly one of --max-accuracy-drop and --target"):
-        choose_row(TABLE, max_accuracy_drop=1.0, target_speedup=2.0)
+@pytest.mark.slow
+def test_sweep_on_a_stage1_checkpoint_is_an_early_error(sentiment_data: Path, tmp_path: Path):
+    """A checkpoint with only its final exit (stage 1, --exit-layers none): an error naming it
+    and the stage to train, before any sweep (not a no-op entropy:0.0 policy)."""
+    fairseq_train(
+        sentiment_data, tmp_path / "stage1", "--exit-layers", "none",
+        *train_args(TINY_MULTI_EXIT, criterion="sentence_prediction", max_update=1,
+                    no_epoch_checkpoints=True),
+    )  # fmt: skip
+    ckpt = tmp_path / "stage1" / "checkpoint_last.pt"
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = sweep_main([str(ckpt), str(sentiment_data), "--max-accuracy-drop", "1", "--cpu"])
+    assert code == 2 and out.getvalue() == ""
+    assert (
+        f"acl-fairseq-sweep: error: {ckpt} has no shallow exit (a stage-1 checkpoint, trained "
+        "with --exit-layers none): early exit needs the multi-exit stage 2: fairseq-train "
+        "--arch multi_exit_roberta* --criterion acl_cross_layer --restore-file"
+    ) in err.getvalue()
+    assert not (tmp_path / "stage1" / "early_exit_policy.json").exists()
 
 
 def test_sweep_target_flag_errors(tmp_path: Path, capsys) -> None:
@@ -399,54 +412,22 @@ def test_sweep_target_flag_errors(tmp_path: Path, capsys) -> None:
         (["--max-accuracy-drop", "-1"], "--max-accuracy-drop must be >= 0"),
         (["--target-speedup", "0.5"], "--target-speedup must be >= 1"),
         (["--thresholds", "quantiles:0"], "quantiles:N with an integer N >= 1"),
-    ]:
+        (["--risk-control", "0.1"], "--risk-control needs --max-accuracy-drop D"),
+        (["--max-accuracy-drop", "1", "--risk-control", "0.1", "--constraint", "accuracy"],
+         "--risk-control certifies the agreement with the full model: drop --constraint"),
+        (["--max-accuracy-drop", "1", "--risk-control", "1.5"], "DELTA must be in (0, 1)"),
+        (["--target-speedup", "2", "--risk-control", "0.1"],
+         "--risk-control certifies a disagreement rate: give --max-accuracy-drop D"),
+        (["--patience", "2"], "--patience: beside a per-exit policy's thresholds"),
+        (["--drops", "0,1"], "--drops: the rows of a calibrated policy (per_exit_*)"),
+        (["--policy", "per_exit_entropy", "--thresholds", "0.1"],
+         "--thresholds: --policy per_exit_entropy is calibrated on the split, not swept"),
+        (["--dtypes", "fp32,fp16"], "argument --dtypes: must be one of fp32, bf16, int8"),
+        (["--dtypes", "int8,int8"], "argument --dtypes: expected distinct precisions"),
+        (["--repeats", "-1"], "--repeats must be >= 0"),
+        (["--head-cost", "-1", "--max-accuracy-drop", "1"], "--head-cost must be >= 0"),
+    ]:  # fmt: skip
         with pytest.raises(SystemExit) as e:
             sweep_main([str(ckpt), str(data), *flags])
         assert e.value.code == 2
         assert message in capsys.readouterr().err, flags
-
-
-def test_policy_file_round_trip_and_errors(tmp_path: Path) -> None:
-    from acl_fairseq.early_exit.saved_policy import POLICY_FILE, read_policy, write_policy
-
-    ckpt = tmp_path / "checkpoint_best.pt"
-    ckpt.write_bytes(b"")
-    assert read_policy(ckpt) is None
-    path = write_policy(ckpt, EntropyPolicy(0.25), split="valid", accuracy=90.0)
-    assert path == tmp_path / POLICY_FILE
-    saved = read_policy(ckpt)
-    assert saved.policy == EntropyPolicy(0.25) and saved.path == path
-    assert saved.fields == {"split": "valid", "accuracy": 90.0, "checkpoint": ckpt.name}
-    assert read_policy(tmp_path) == saved  # the checkpoint's folder names the same file
-    path.write_text('{"policy": "entropy:x"}', encoding="utf-8")
-    with pytest.raises(ValueError, match=f"{POLICY_FILE}: bad exit policy 'entropy:x'"):
-        read_policy(ckpt)
-    path.write_text("{not json", encoding="utf-8")
-    with pytest.raises(ValueError, match=f"{POLICY_FILE}: not valid JSON"):
-        read_policy(ckpt)
-
-
-def test_early_exit_sweep_tables_are_readable(tmp_path):
-    """The table acl-fairseq-sweep writes (TSV and CSV) is what acl-fairseq-plots reads."""
-
-    row = {
-        "batch_size": 1,
-        "policy": "entropy",
-        "threshold": 0.2,
-        "examples": 10,
-        "accuracy": 80.0,
-        "mean_exit_layer": 3.5,
-        "layer_speedup": 6 / 3.5,
-        "full_ms": 2.0,
-        "early_ms": 1.5,
-        "wall_speedup": 1.33,
-        "fraction_of_ideal": 0.78,
-        "exit_share": {3: 0.5, 4: 0.5},
-    }
-    full = {**row, "policy": "none", "threshold": None, "layer_speedup": 1.0, "wall_speedup": 1.0}
-    for name in ("sweep.tsv", "sweep.csv"):
-        write_table([full, row], tmp_path / name)
-        rows = read_sweep(tmp_path / name)
-        assert [r["policy"] for r in rows] == ["none", "entropy"]
-        assert rows[1]["wall_speedup"] == pytest.approx(1.33)
-        assert rows[1]["layer_speedup"] == pytest.approx(6 / 3.5, rel=1e-5)

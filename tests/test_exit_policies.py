@@ -136,7 +136,11 @@ def test_policies_are_immutable():
 
 
 def test_the_registry_round_trips_every_kind_through_its_string_form():
-    assert list(POLICIES) == ["entropy", "maxprob", "patience"]
+    from acl_fairseq.early_exit.per_exit import PerExitEntropyPolicy, PerExitMaxProbPolicy
+
+    assert list(POLICIES) == [
+        "entropy", "maxprob", "patience", "per_exit_entropy", "per_exit_maxprob"
+    ]  # fmt: skip
     for policy in (
         EntropyPolicy(0.1),
         EntropyPolicy(math.inf),
@@ -145,6 +149,9 @@ def test_the_registry_round_trips_every_kind_through_its_string_form():
         MaxProbPolicy(0.0),
         PatiencePolicy(0),
         PatiencePolicy(4),
+        PerExitEntropyPolicy((1, 3), (1 / 3, math.inf)),
+        PerExitEntropyPolicy((), ()),
+        PerExitMaxProbPolicy((2,), (0.9,), patience=1),
     ):
         assert parse_policy(policy.spec) == policy, policy.spec
         assert make_policy(policy.kind, policy.value) == policy

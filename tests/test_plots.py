@@ -13,9 +13,10 @@ import pytest
 
 from acl_fairseq.acl_grad import read_angle_log
 from acl_fairseq.cli.plots import cli as plots
+from acl_fairseq.predictions import read_predictions
 
 from compare_fakes import fake_results, md_table
-from fairseq_helpers import BIN, TINY_ROBERTA, run, write_sentiment_split
+from fairseq_helpers import BIN, TINY_ROBERTA, make_dataset_with_test, run
 
 # ----------------------------------------------------------------------------- plots, no model
 
@@ -64,22 +65,7 @@ def test_plots_from_results_without_models(tmp_path, capsys):
 
 def make_data_with_test(root: Path) -> Path:
     """train 64 / valid (dev) 32 / test 32, binarized in the sentence_prediction layout."""
-    raw = root / "raw"
-    raw.mkdir(parents=True)
-    for split, n, seed in (("train", 64, 0), ("valid", 32, 1), ("test", 32, 2)):
-        write_sentiment_split(raw / split, n, seed)
-    dest = root / "bin"
-    for field in ("input0", "label"):
-        run(
-            [
-                str(BIN / "fairseq-preprocess"), "--only-source",
-                "--trainpref", str(raw / f"train.{field}"),
-                "--validpref", str(raw / f"valid.{field}"),
-                "--testpref", str(raw / f"test.{field}"),
-                "--destdir", str(dest / field), "--workers", "1",
-            ]
-        )  # fmt: skip
-    return dest
+    return make_dataset_with_test(root)
 
 
 def _cells(md: str, title: str) -> dict[str, list[str]]:
@@ -119,6 +105,17 @@ def test_compare_then_plots_end_to_end(tmp_path):
         else:
             assert r["angles"] is None
     assert set(results["acl_cl-seed1"]["test"]) >= {"accuracy_exit1", "accuracy_exit2"}
+    # every run keeps its per-example predictions: every exit's, on dev and test, as fairseq
+    # scored them
+    for name, r in results.items():
+        splits = read_predictions(out / "runs" / name / "predictions.tsv")
+        assert set(splits) == {"valid", "test"} and len(splits["test"].labels) == 32
+        for metric, value in r["test"].items():
+            if metric.startswith("accuracy"):
+                layer = int(metric[len("accuracy_exit") :]) if "exit" in metric else None
+                assert splits["test"].accuracy(layer) == pytest.approx(value, abs=0.05), name
+        multi_exit = name.startswith(("acl_cl", "multi_exit_joint"))
+        assert sorted(splits["test"].exits) == ([1, 2] if multi_exit else [2])
 
     # the report's numbers are the runs' own
     md = (out / "results.md").read_text()

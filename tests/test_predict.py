@@ -44,15 +44,18 @@ def run_predict(*argv: str | Path, stdin: str = "") -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def _model_predictions(trained, policy: str | None) -> list[str]:
+def _model_predictions(trained, policy: str | None, dtype=None, batch_size=8) -> list[str]:
     """The model's own predictions on the binarized test split (label, layer)."""
     from acl_fairseq.early_exit.policies import parse_policy
 
-    model, task, _ = load_for_inference(trained["ckpt"], trained["data"])
+    model, task, _ = load_for_inference(trained["ckpt"], trained["data"], dtype=dtype)
     labels = task.label_dictionary
+    pad = task.source_dictionary.pad()
     out = []
     with torch.no_grad():
-        for tokens, _ in load_batches(task, "test", 8):
+        for tokens, _ in load_batches(task, "test", batch_size):
+            if batch_size == 1:
+                tokens = tokens[:, : int(tokens.ne(pad).sum())]
             if policy is None:
                 preds = model(tokens, classification_head_name=DEFAULT_HEAD)[0].argmax(-1)
                 layers = [model.num_layers] * len(preds)
@@ -229,15 +232,16 @@ def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path,
     common = [str(ckpt), str(trained["data"]), "--thresholds", "quantiles:4", "--cpu",
               "--batch-sizes", "8", "--max-examples", "24", "--repeats", "1"]  # fmt: skip
     assert sweep.main([*common, "--target-speedup", "100"]) == 2
-    assert "--target-speedup 100: no threshold reaches it; the largest" in capsys.readouterr().err
+    assert "--target-speedup 100: no policy reaches it; the largest" in capsys.readouterr().err
     assert read_policy(ckpt) is None
     assert sweep.main([*common, "--max-accuracy-drop", "100"]) == 0
     out = capsys.readouterr().out
     assert "| 8 | oracle-final |" in out and "| 8 | oracle-gold |" in out
     saved = read_policy(ckpt)
     assert f"wrote {ckpt.parent / POLICY_FILE}" in out
-    assert saved.fields["target"] == {"max_accuracy_drop": 100.0}
-    assert saved.fields["split"] == "valid" and saved.fields["checkpoint"] == ckpt.name
+    assert saved.fields["chosen_by"]["target"] == {"max_accuracy_drop": 100.0}
+    assert saved.fields["chosen_by"]["split"] == "valid"
+    assert saved.fields["checkpoint"] == ckpt.name and saved.dtype == "fp32"
     assert saved.fields["layer_speedup"] == 4.0  # the fastest
 
     text = "".join(f"{row[0]}\n" for row in trained["rows"][:8])
@@ -260,3 +264,66 @@ def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path,
     assert hub.predict_early_exit(DEFAULT_HEAD, tokens).exit_layers.tolist() == [1]
     hub.default_policy = None  # full depth
     assert hub.predict_early_exit(DEFAULT_HEAD, tokens).exit_layers.tolist() == [4]
+
+
+def test_sweep_dtypes_saves_a_policy_per_precision_that_predict_and_hub_use(
+    trained, tmp_path, capsys
+) -> None:
+    """acl-fairseq-sweep --dtypes int8,fp32: both precisions' choices saved, int8 the default
+    that predict (its --dtype) and the hub (from_pretrained's dtype) then run."""
+    from acl_fairseq.cli import sweep
+    from acl_fairseq.early_exit.saved_policy import read_policy
+    from acl_fairseq.inference_precision import model_precision, quantized_linears
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+
+    ckpt = tmp_path / "model" / trained["ckpt"].name
+    ckpt.parent.mkdir()
+    shutil.copy(trained["ckpt"], ckpt)
+    assert sweep.main([
+        str(ckpt), str(trained["data"]), "--policy", "per_exit_entropy", "--dtypes", "int8,fp32",
+        "--max-accuracy-drop", "100", "--batch-sizes", "8", "--max-examples", "24",
+        "--repeats", "1", "--cpu",
+    ]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "chosen (target {'max_accuracy_drop': 100.0}, constraint agreement, head_cost" in out
+    assert "  int8: per_exit_entropy:" in out and "  fp32: per_exit_entropy:" in out
+    saved = read_policy(ckpt)
+    assert saved.dtype == "int8" and set(saved.by_dtype) == {"int8", "fp32"}
+    assert saved.policy == saved.by_dtype["int8"]
+    assert saved.fields["chosen_by"]["constraint"] == "agreement"
+    int8 = saved.fields["by_dtype"]["int8"]
+    assert int8["method"] == "calibrated" and int8["batch_size"] == 8
+    assert 0 <= int8["full_agreement_with_fp32"] <= 100 and int8["ms_per_example"] > 0
+    assert int8["exits"] == list(saved.policy.layers) and int8["layer_speedup"] == 4.0
+
+    text = "".join(f"{row[0]}\n" for row in trained["rows"])
+    code, by_default, err = run_predict(ckpt, "--batch-size", "1", stdin=text)
+    assert code == 0 and "dtype: int8" in err and f"policy: {saved.policy.spec} (saved" in err
+    policy = saved.policy.spec
+    assert sorted("\t".join(line.split("\t")[::2]) for line in by_default.splitlines()) == sorted(
+        _model_predictions(trained, policy, dtype="int8", batch_size=1)
+    )
+    code, _, err = run_predict(ckpt, "--dtype", "fp32", stdin=text)
+    assert code == 0 and "dtype: fp32" in err
+    assert f"policy: {saved.by_dtype['fp32'].spec} (saved" in err and "chosen at" not in err
+    code, full, err = run_predict(ckpt, "--dtype", "bf16", "--policy", "none", "--batch-size", "1",
+                                  stdin=text)  # fmt: skip
+    assert code == 0 and "dtype: bf16" in err
+    assert sorted("\t".join(x.split("\t")[::2]) for x in full.splitlines()) == sorted(
+        _model_predictions(trained, None, dtype="bf16", batch_size=1)
+    )
+    code, _, err = run_predict(ckpt, "--dtype", "bf16", stdin=text)
+    assert code == 0 and "chosen at int8, none for bf16 in the file" in err
+
+    hub = MultiExitRobertaModel.from_pretrained(
+        str(ckpt.parent), ckpt.name, data_name_or_path=str(trained["data"])
+    )
+    assert hub.dtype == "int8" and model_precision(hub.model) == "int8"
+    assert len(quantized_linears(hub.model)) > 0 and hub.default_policy == saved.policy
+    tokens = hub.encode(trained["rows"][0][0])
+    assert hub.predict_early_exit(DEFAULT_HEAD, tokens).exit_layers.tolist() == [1]
+    fp32 = MultiExitRobertaModel.from_pretrained(
+        str(ckpt.parent), ckpt.name, data_name_or_path=str(trained["data"]), dtype="fp32"
+    )
+    assert fp32.dtype == "fp32" and not quantized_linears(fp32.model)
+    assert fp32.default_policy == saved.by_dtype["fp32"]

@@ -4,6 +4,8 @@ recomputed here from hand-written runs: means, sample stds, paired differences, 
 import csv
 import json
 import math
+import re
+import shutil
 import statistics
 from pathlib import Path
 
@@ -13,7 +15,15 @@ from scipy import stats
 from acl_fairseq.cli.study import data as study_data
 from acl_fairseq.cli.study import phases as study
 from acl_fairseq.cli.study import report as study_report
-from acl_fairseq.recipe import flag_groups as study_flag_groups
+from acl_fairseq.cli.study import round2
+from acl_fairseq.cli.study import runs as study_runs
+
+from fairseq_helpers import (
+    TINY_ROBERTA,
+    fairseq_train,
+    make_dataset_with_test,
+    train_args,
+)
 
 
 def test_movie_splits_keep_the_demos_dev_and_test():
@@ -194,7 +204,7 @@ def test_restore_puts_committed_results_back_for_resuming(tmp_path):
     docs = tmp_path / "docs"
     study_report.main(["--work-dir", str(work), "--out", str(docs)])
     elsewhere = tmp_path / "elsewhere"
-    study.restore(elsewhere, docs)
+    assert study_runs.restore(elsewhere, docs) == 1
     run_dir = elsewhere / "runs" / "movie" / "lr" / "lr5e-05" / "runs" / "ce-seed1"
     assert json.loads((run_dir / "test.json").read_text())["test"]["accuracy"] == 80.0
     assert (run_dir / "train.done").exists() and "<work>" not in (run_dir / "train.log").read_text()
@@ -203,45 +213,139 @@ def test_restore_puts_committed_results_back_for_resuming(tmp_path):
         in (run_dir / "train.log").read_text()
     )
     assert study.dev_accuracy(run_dir.parent.parent, "ce-seed1") == 82.0
-    # a stage-1 run without its checkpoint is trained again
-    study.need_checkpoints(run_dir.parent.parent, ["ce-seed1"])
-    assert not (run_dir / "test.json").exists()
+    assert study_runs.restore(elsewhere, docs) == 0  # nothing twice
+    # a stage-1 run without its checkpoint is trained again only for an unfinished stage 2
+    finished_stage2 = elsewhere / "runs" / "movie" / "lr" / "lr5e-05" / "runs" / "ce-seed1"
+    assert study_runs.need_checkpoints(run_dir.parent.parent, ["ce-seed1"], [finished_stage2]) == []
+    assert (run_dir / "test.json").exists()
+    unfinished = tmp_path / "nowhere" / "runs" / "multi_exit_joint-seed1"
+    moved = study_runs.need_checkpoints(run_dir.parent.parent, ["ce-seed1"], [unfinished])
+    assert moved == ["ce-seed1"] and not (run_dir / "test.json").exists()
+    assert (run_dir.parent / "ce-seed1.restored.json").exists()
 
 
-def test_multi_exit_phases_restore_stage1_runs_with_their_own_flags(tmp_path, monkeypatch):
-    """acl-fairseq-compare refuses to restore a stage-1 run trained with other flags: the
-    ACL-CL phases must pass exactly the flags (``--extra`` included) of the seed phase's ACL
-    run, joint CE those of its CE run."""
-    calls: list[tuple[str, list[str]]] = []
+def test_report_refuses_to_lose_committed_seeds(tmp_path):
+    work = tmp_path / "work"
+    main = work / "runs" / "movie" / "main"
+    for seed in (1, 2, 3):
+        _write_run(main, "ce", seed, 82.0, {"accuracy": 80.0 + seed})
+    docs = tmp_path / "docs"
+    assert study_report.main(["--work-dir", str(work), "--out", str(docs)]) == 0
+    committed = (docs / "summary.csv").read_text()
+    for name in ("test.json", "run.json"):
+        (main / "runs" / "ce-seed3" / name).unlink()
+    with pytest.raises(SystemExit, match="full / ce / lr=5e-05 / test / accuracy: 3 -> 2 seeds"):
+        study_report.main(["--work-dir", str(work), "--out", str(docs)])
+    assert (docs / "summary.csv").read_text() == committed
+    assert study_report.main(["--work-dir", str(work), "--out", str(docs), "--allow-fewer"]) == 0
+    assert (docs / "summary.csv").read_text() != committed
+
+
+TINY_STUDY_PHASES = [
+    "movie-lr", "movie-grid", "movie-seeds", "movie-variants", "movie-exits", "movie-earlyexit",
+]  # fmt: skip
+
+
+def _tiny_study(monkeypatch, root: Path) -> Path:
+    """A study work folder with a tiny generated task and a tiny pretrained RoBERTa, and the
+    study's protocol shrunk to it (one learning rate, one lambda, 2 seeds, 2 variants)."""
+    monkeypatch.setattr(study, "GRID", ((0.5, 0.3),))
+    monkeypatch.setattr(study, "SEEDS", (1, 2))
+    monkeypatch.setattr(study, "BATCH", 16)
+    monkeypatch.setattr(study, "ACL_EXTRA", "--acl-grad-log-top-k 1")
+    monkeypatch.setattr(study, "EXIT_THRESHOLDS", "0.3,0.6")
+    movie = {"data": "movie-bin", "lrs": (1e-3,), "epochs": 1, "stage2_epochs": 1}
+    monkeypatch.setattr(study, "TASKS", {"movie": movie})
+    variants = {"live-exit-0.5": ("live", "exit", 0.5), "frozen-exit-0.5": ("frozen", "exit", 0.5)}
+    monkeypatch.setattr(study, "VARIANTS", variants)
+    work = root / "work"
+    data = make_dataset_with_test(root / "tiny", (64, 32, 32))
+    shutil.copytree(data, work / "data" / "movie-bin")
+    model = work / "minilm-fairseq"
+    pretrain = train_args(criterion="sentence_prediction", max_update=1, disable_validation=True)
+    fairseq_train(data, root / "pretrain", *pretrain)
+    model.mkdir()
+    shutil.copyfile(root / "pretrain" / "checkpoint_last.pt", model / "model.pt")
+    (model / "fairseq_args.txt").write_text(" ".join(TINY_ROBERTA) + "\n")
+    return work
+
+
+@pytest.mark.slow
+def test_restore_then_every_phase_trains_nothing_and_report_reproduces_docs(
+    tmp_path, monkeypatch, capfd
+):
+    """The real path of a study resumed on another machine: the phases, their report,
+    ``restore`` into a fresh work folder (same data and model, no checkpoints), the phases
+    again (nothing trained, nothing unlinked), and a report identical byte for byte."""
+    work = _tiny_study(monkeypatch, tmp_path)
+    phases = [*TINY_STUDY_PHASES, "--work-dir", str(work), "--threads", "1"]
+    assert study.main(phases) == 0
+    docs = tmp_path / "docs"
+    assert study_report.main(["--work-dir", str(work), "--out", str(docs)]) == 0
+    capfd.readouterr()
+    chosen = json.loads((work / "runs" / "movie" / "choices.json").read_text())["acl_cl"]
+    assert (docs / "links.csv").read_text().splitlines() == [
+        "folder,run,target",
+        "movie/main,acl-seed1,movie/grid/acl-lam0.5-tau0.3",
+        f"movie/main,acl_cl-seed1,movie/variants/{chosen['chosen']}",
+        "movie/main,ce-seed1,movie/lr/lr0.001",
+        "movie/variants/frozen-exit-0.5,acl-seed1,movie/grid/acl-lam0.5-tau0.3",
+        "movie/variants/live-exit-0.5,acl-seed1,movie/grid/acl-lam0.5-tau0.3",
+    ]
+    assert list((docs / "earlyexit" / "movie").glob("*.tsv"))
+
+    fresh = tmp_path / "fresh"  # another machine: the data and the model, then restore
+    shutil.copytree(work / "data", fresh / "data")
+    shutil.copytree(work / "minilm-fairseq", fresh / "minilm-fairseq")
+    assert study.main(["restore", "--work-dir", str(fresh), "--docs", str(docs)]) == 0
+    assert not list((fresh / "runs").glob("**/*.pt"))
+    assert study.main([*TINY_STUDY_PHASES, "--work-dir", str(fresh), "--threads", "1"]) == 0
+    printed = capfd.readouterr().out
+    assert not re.search(r"[1-9]\d* trained,|: training \d+ updates|trained again", printed)
+    assert "done before" in printed
+    again = tmp_path / "docs-again"
+    shutil.copytree(docs, again)
+    assert study_report.main(["--work-dir", str(fresh), "--out", str(again)]) == 0
+    files = sorted(p.relative_to(docs) for p in docs.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    for name in files:
+        assert (docs / name).read_bytes() == (again / name).read_bytes(), name
+
+    # a stage 2 still to train: its stage 1 (a link, restored without checkpoint) is trained
+    # again where it lives, and the result is checked against the committed one
+    variant = fresh / "runs" / "movie" / "variants" / "live-exit-0.5" / "runs" / "acl_cl-seed1"
+    (variant / "test.json").unlink()
+    assert study.main(["movie-variants", "--work-dir", str(fresh), "--threads", "1"]) == 0
+    printed = capfd.readouterr().out
+    stage1 = fresh / "runs" / "movie" / "grid" / "acl-lam0.5-tau0.3" / "runs" / "acl-seed1"
+    assert (stage1 / "checkpoint_best.pt").exists() and (variant / "test.json").exists()
+    assert (fresh / "runs" / "movie" / "main" / "runs" / "acl-seed1").is_symlink()
+    assert re.search(r"acl-seed1: trained again, .*: identical", printed), printed
+
+
+def test_second_round_phases_run_seed_by_seed_and_share_by_method(tmp_path, monkeypatch):
+    """The order and the part of a phase a process runs (--methods, --seeds): what a study
+    cut short or shared by two processes ends up with."""
+    calls: list[tuple[str, str, str]] = []
 
     def record(self, out, args):
-        calls.append((out.name, args))
+        method, seed = args[args.index("--methods") + 1], args[args.index("--seeds") + 1]
+        calls.append((str(out.relative_to(tmp_path / "runs")), method, seed))
 
     monkeypatch.setattr(study.Study, "compare", record)
-    monkeypatch.setattr(study, "count_examples", lambda data: 320)
-    monkeypatch.setattr(study, "link_run", lambda *a: None)
-    monkeypatch.setattr(study, "need_checkpoints", lambda *a: None)
-    monkeypatch.setattr(study, "dev_accuracy", lambda out, run: 80.0)
-    s = study.Study(tmp_path, "movie")
-    s.root.mkdir(parents=True)
-    s.choose("lr", {"0.0002": 85.0}, 2e-4)
-    s.choose("acl", {"0.5,0.3": 85.0}, [0.5, 0.3])
-    s.choose("ce_scl", {"0.5,0.3": 85.0}, [0.5, 0.3])
-
-    def stage1_flags(args):
-        """Every flag group of the stage-1 run but the method's own and the seeds."""
-        skip = ("--methods", "--seeds", "--stage2-epochs", "--acl-cl-teacher")
-        skip += ("--cross-layer-weighting", "--cross-layer-lambda", "--ce-scl-plain")
-        return [g for g in study_flag_groups(args) if not g.startswith(skip)]
-
-    s.seeds()
-    seed_flags = {args[args.index("--methods") + 1]: stage1_flags(args) for _, args in calls}
-    assert any("--acl-grad-log-top-k 1,2,3" in g for g in seed_flags["acl"])  # in --extra
+    monkeypatch.setattr(round2, "count_examples", lambda data: 6000)
+    both = round2.Round2(tmp_path, "pair-converged", seeds=[1, 2])
+    both.choose("cap_epochs", {"best_dev_update": 564}, 3)
+    both.pair_main()
+    assert calls == [
+        ("pair-converged/main", m, s) for s in "12" for m in ("ce", "acl", "acl_embed")
+    ]
     calls.clear()
-    s.variants()
-    s.exits()
-    assert len(calls) == len(study.VARIANTS) + 2
-    for _, args in calls:
-        method = args[args.index("--methods") + 1]
-        stage1 = {"acl_cl": "acl", "multi_exit_joint": "ce"}[method]
-        assert stage1_flags(args) == seed_flags[stage1], method
+    round2.Round2(tmp_path, "pair-converged", methods=["acl"]).pair_main()
+    assert calls == [("pair-converged/main", "acl", str(s)) for s in round2.SEEDS]
+    with pytest.raises(SystemExit, match="--methods"):
+        round2.Round2(tmp_path, "pair-converged", methods=["acl_cl"]).pair_main()
+    calls.clear()
+    round2.Round2(tmp_path, "lambda", methods=["acl"], seeds=[3]).lambda_study()
+    ((folder, method, seed),) = calls
+    assert (folder, method, seed) == ("lambda/main", "acl", "3")

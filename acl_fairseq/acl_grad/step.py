@@ -1,4 +1,4 @@
-"""ACL-Grad in fairseq's training loop: its flags, the task/criterion contract, the step.
+"""ACL-Grad's step: per micro-batch, and the decision of each optimizer update.
 
 ACL-Grad drops the contrastive term of an optimizer update when its gradient conflicts with
 the CE gradient: when the angle between the two exceeds ``--acl-grad-threshold`` degrees.
@@ -12,14 +12,24 @@ One optimizer update with ``--acl-grad-scope all`` (the exact decision, the defa
    Two backward passes per micro-batch.
 2. :meth:`AclGrad.decide_update`, once per update, when the trainer all-reduces the gradients
    (``optimizer.all_reduce_grads(model)``, after the last micro-batch and before
-   normalisation and clipping; :class:`AclGradOptimizer` is how it gets there): the buffer is
-   all-reduced with the trainer's convention (mean over workers), the angle between the two
-   global gradients is taken, rank 0's decision is broadcast, and the buffer is added to
-   ``.grad`` if kept. The trainer then normalises, clips and steps as usual.
+   normalisation and clipping; :class:`~.optimizer.AclGradOptimizer` is how it gets there):
+   the buffer is all-reduced with the trainer's convention (mean over workers), the angle
+   between the two global gradients is taken, rank 0's decision is broadcast, and the buffer
+   is added to ``.grad`` if kept. The trainer then normalises, clips and steps as usual.
 
 So the decision is made on the gradients of the whole update (every micro-batch of every
 worker): it is the same on all workers, and 1 worker with ``--update-freq k`` decides exactly
 like k workers. The buffer is dropped whenever the trainer zeroes the gradients.
+
+The decisions of an update enter the statistics (``acl_grad_angle``, ``acl_grad_drop``, the
+angle log) when the optimizer steps (:meth:`AclGrad.optimizer_step`, the task's
+``optimizer_step``): an update that fp16's loss scaler skips (overflow: the trainer zeroes the
+gradients instead) or that ``--amp``'s scaler skips enters none. An undefined angle (inf/nan
+gradients, a zero gradient) keeps the term, so the scaler sees the overflow, and enters none
+either.
+
+``--autocast bf16`` (the task's): the forward pass of :meth:`AclGrad.train_step` runs under
+autocast, both backward passes outside it; the gradients, the buffer and the angle are fp32.
 
 ``--acl-grad-scope head`` is the cheap approximation: for each micro-batch, the CE and
 contrastive gradients of the classification heads' parameters only are taken (a backward pass
@@ -32,169 +42,61 @@ exact scope the log's fourth column gives that heads-only angle of the same upda
 (``scope.py``; ``top:0`` is ``head``): autograd walks only the graph above layer
 ``L - K``, so K trades cost for agreement.
 
+Data-parallel training: which all-reduce reduces what. Every gradient is reduced exactly once
+per update, as the mean over the workers (the trainer then multiplies ``.grad`` by
+``world_size / sample_size``, so the sum over workers divided by the update's sample size):
+
+* ``.grad`` (the CE gradient, or ``CE + term`` for ``head`` / ``top:K``): under
+  ``--ddp-backend legacy_ddp`` / ``no_c10d`` by the trainer's
+  ``optimizer.all_reduce_grads(model)`` after the last micro-batch; under ``pytorch_ddp`` /
+  ``c10d`` by torch's DDP reducer during the last micro-batch's ``optimizer.backward``
+  (earlier micro-batches of ``--update-freq`` run under ``no_sync()`` and accumulate
+  locally), and ``all_reduce_grads`` leaves it alone. ``torch.autograd.grad`` does not run
+  the parameters' gradient accumulators, so it fires none of the reducer's hooks and marks
+  no variable ready (with or without ``--find-unused-parameters``): the one ordinary
+  backward per micro-batch is the only one DDP sees.
+* the contrastive buffer (``all``): by :meth:`AclGrad.decide_update`'s own all-reduce, for
+  every backend (the optimizer's ``all_reduce_grads`` never sees it). It runs once per update,
+  after the trainer's, so ``.grad`` is already global when the angle is taken.
+* the ``head`` / ``top:K`` decision: the scope's two gradients are summed over the workers
+  for the angle only (one collective per micro-batch, not under ``no_sync``); what reaches
+  ``.grad`` goes through the backward above.
+
+torch's ``static_graph=True`` (not a fairseq option) is refused: its first backward's delayed
+all-reduce would be queued by the contrastive ``torch.autograd.grad`` instead.
+
 The angle log (``--acl-grad-log FILE``, one line per decision) is ``angle_log.py``.
 """
 
-import argparse
-import contextlib
 import weakref
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any
 
 import torch
-from fairseq.dataclass import FairseqDataclass
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import metrics
 from fairseq.optim.amp_optimizer import AMPOptimizer
 from torch import Tensor, nn
 
+from ..distributed import check_static_graph
+from ..precision import forward_precision
 from .angle_log import AngleRecord, append_angle_record
 from .angles import ContrastiveGradientBuffer, Decision, decide, gradient_angle
+from .config import AclGradSettings
+from .contract import AclGradCriterion
+from .optimizer import AclGradOptimizer
 from .scope import (
     check_k,
     check_scope_fits,
     encoder_layer_count,
     is_head_param,
     parse_log_top_k,
-    parse_scope,
     scope_indices,
 )
 
-# ----------------------------------------------------------------------------- flags
-_SWITCH_HELP = (
-    "ACL-Grad on (--acl-grad) or off (--no-acl-grad; in a hydra config acl_grad: false): "
-    "drop the contrastive term of an update whose gradient conflicts with the CE gradient"
-)
+__all__ = ["AclGrad"]
 
 
-def acl_grad_switch(default: bool) -> Any:
-    """The dataclass field of the ACL-Grad on/off switch, with ``default``."""
-    return field(default=default, metadata={"help": _SWITCH_HELP})
-
-
-@dataclass
-class AclGradConfig(FairseqDataclass):
-    """ACL-Grad's criterion flags, mixed into the config of every criterion that has it.
-
-    One bool, ``acl_grad``: ``--acl-grad`` turns it on, ``--no-acl-grad`` off (both spellings
-    exist for every criterion, see :func:`add_acl_grad_switch`); on by default here, a config
-    may override the default with :func:`acl_grad_switch`.
-    """
-
-    acl_grad: bool = acl_grad_switch(default=True)
-    acl_grad_threshold: float = field(
-        default=90.0,
-        metadata={
-            "help": "ACL-Grad: drop the contrastive term(s) of an update when the angle between "
-            "the (total) CE gradient and the (total) contrastive gradient exceeds this many "
-            "degrees (0..180)"
-        },
-    )
-    acl_grad_scope: str = field(
-        default="all",
-        metadata={
-            "help": "parameters the ACL-Grad angle is measured on. 'all': every trainable "
-            "parameter, decided once per update on the exact gradients (a second backward "
-            "pass, about 1.7-2x the cost of CE per update); 'head': only the classification "
-            "heads' parameters, decided per micro-batch before its single backward pass (an "
-            "approximation, about the cost of CE); 'top:K': the heads plus the top K encoder "
-            "layers, likewise per micro-batch (top:0 is head; cost grows with K)"
-        },
-    )
-
-
-@dataclass
-class AclGradLogConfig(FairseqDataclass):
-    """ACL-Grad's task flag: the angle log is written by the task, for any criterion."""
-
-    acl_grad_log: Optional[str] = field(
-        default=None,
-        metadata={
-            "help": "append one line per ACL-Grad decision (update, angle in degrees, kept 0/1, "
-            "angle on the classification heads alone) to this TSV file (rank 0 only), e.g. for "
-            "the angle histogram; a '{rank}' in the path writes one file per data-parallel worker"
-        },
-    )
-    acl_grad_log_top_k: Optional[str] = field(
-        default=None,
-        metadata={
-            "help": "with --acl-grad-scope all and --acl-grad-log: also log, per K of this comma "
-            "list (e.g. 1,2,3), the angle of the same update on the classification heads plus "
-            "the top K encoder layers (what --acl-grad-scope top:K would measure)"
-        },
-    )
-
-
-def add_acl_grad_switch(parser: argparse.ArgumentParser, default: bool) -> None:
-    """Registers ``--acl-grad`` / ``--no-acl-grad`` on ``parser`` (one bool, ``acl_grad``).
-
-    fairseq's ``gen_parser_from_dataclass`` would register a bool field as a single flag that
-    *flips* its default (``--acl-grad`` would turn ACL-Grad off where it is on by default);
-    called first, this registers both spellings, and fairseq skips the field's own flag as a
-    duplicate.
-    """
-    parser.add_argument(
-        "--acl-grad", action=argparse.BooleanOptionalAction, default=default, help=_SWITCH_HELP
-    )
-
-
-@dataclass(frozen=True)
-class AclGradSettings:
-    """What the training step needs of a criterion's ACL-Grad flags (checked beforehand by
-    the criterion's validator, ``criterions.base.validate_criterion_config``)."""
-
-    threshold: float  # degrees
-    scope: str  # "all", "head" or "top:K"
-
-    @property
-    def top_k(self) -> int | None:
-        """K of ``top:K`` (0 for ``head``); None for the exact scope ``all``."""
-        return parse_scope(self.scope)
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> "AclGradSettings | None":
-        """The settings of an :class:`AclGradConfig` (or its hydra node); None when off.
-        Raises ValueError naming ``--acl-grad-scope`` for a value of the wrong form."""
-        parse_scope(str(cfg.acl_grad_scope))  # the form, at set-up (even when off)
-        if not cfg.acl_grad:
-            return None
-        return cls(threshold=float(cfg.acl_grad_threshold), scope=str(cfg.acl_grad_scope))
-
-
-# ----------------------------------------------------------------------------- contract
-class LossTerms(NamedTuple):
-    """The loss of one batch as separate terms (both summed over the batch)."""
-
-    ce_loss: Tensor
-    contrastive_loss: Tensor
-    sample_size: int
-    logging_output: dict[str, Any]
-
-
-@runtime_checkable
-class AclGradCriterion(Protocol):
-    """What ``--task acl_sentence_prediction`` needs of a criterion.
-
-    ``acl_grad`` is None when ACL-Grad is off (the task then runs fairseq's own
-    ``train_step``); ``check_model`` raises ValueError, naming the flag to change, when the
-    model just built cannot train with this criterion.
-    """
-
-    acl_grad: AclGradSettings | None
-
-    def loss_terms(self, model: nn.Module, sample: dict[str, Any]) -> LossTerms: ...
-
-    def check_model(self, model: nn.Module) -> None: ...
-
-
-@runtime_checkable
-class AclGradTask(Protocol):
-    """A task whose ``train_step`` runs ACL-Grad (``--task acl_sentence_prediction``)."""
-
-    acl_grad: "AclGrad"
-
-
-# ----------------------------------------------------------------------------- the unit
 class AclGrad:
     """ACL-Grad of one training run (owned by the task; see the module docstring).
 
@@ -202,11 +104,15 @@ class AclGrad:
     belongs to one model: it is rebuilt when ``train_step`` sees another model or optimizer.
     """
 
-    def __init__(self, log_path: str | None = None, log_top_k: str | None = None):
+    def __init__(
+        self, log_path: str | None = None, log_top_k: str | None = None, autocast: str = "none"
+    ):
         self.log_path = log_path
         self.log_top_k = parse_log_top_k(log_top_k)  # --acl-grad-log-top-k
+        self.autocast = autocast  # the task's --autocast
         self.settings: AclGradSettings | None = None
         self.update_num = 0
+        self._pending: list[tuple[Decision, AngleRecord | None]] = []  # until the step
         self._buffer: ContrastiveGradientBuffer | None = None
         self._head_indices: list[int] = []  # positions of the heads' parameters in the buffer
         self._top_indices: dict[int, list[int]] = {}  # K -> heads + top K layers, in the buffer
@@ -237,21 +143,22 @@ class AclGrad:
         assert criterion.acl_grad is not None
         self.settings = criterion.acl_grad
         self.update_num = update_num
-        amp = isinstance(optimizer, AMPOptimizer)
-        with torch.autocast("cuda") if amp else contextlib.nullcontext():
+        check_static_graph(model)
+        with forward_precision(self.autocast, model, optimizer):
             ce_loss, contrastive_loss, sample_size, logging_output = criterion.loss_terms(
                 model, sample
             )
         if ignore_grad:
             ce_loss = ce_loss * 0.0
             contrastive_loss = contrastive_loss * 0.0
+        self._hook_optimizer(model, criterion, optimizer)
         top_k = self.settings.top_k
         if top_k is not None:
             params = self._params_of_scope(model, top_k)
             keep = self._decide_on_subset(params, optimizer, ce_loss, contrastive_loss)
             optimizer.backward(ce_loss + contrastive_loss if keep else ce_loss)
         else:
-            buffer = self._buffer_for(model, criterion, optimizer)
+            buffer = self._buffer_for(model)
             if contrastive_loss.requires_grad:
                 grads = torch.autograd.grad(
                     _scale_like_optimizer(optimizer, contrastive_loss),
@@ -263,12 +170,18 @@ class AclGrad:
             optimizer.backward(ce_loss)
         return (ce_loss + contrastive_loss).detach(), sample_size, logging_output
 
-    def _buffer_for(
-        self, model: nn.Module, criterion: Any, optimizer: Any
-    ) -> ContrastiveGradientBuffer:
-        """The side buffer of ``model``; wraps ``optimizer`` once (:class:`AclGradOptimizer`)."""
+    def _hook_optimizer(self, model: nn.Module, criterion: Any, optimizer: Any) -> None:
+        """Wraps ``optimizer`` once for ``model`` (:class:`AclGradOptimizer`), for every scope:
+        the trainer's all-reduce reaches :meth:`decide_update`, its zeroing :meth:`reset`. Another
+        model or optimizer gets a new wrapper and, for the exact scope, a new buffer."""
         wrapper = self._optimizer
-        if self._buffer is None or wrapper is None or not wrapper.wraps(optimizer, model):
+        if wrapper is None or not wrapper.wraps(optimizer, model):
+            self._optimizer = AclGradOptimizer.install(optimizer, self, model, criterion)
+            self._buffer = None
+
+    def _buffer_for(self, model: nn.Module) -> ContrastiveGradientBuffer:
+        """The contrastive-gradient buffer of ``model`` (built at its first micro-batch)."""
+        if self._buffer is None:
             named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             self._buffer = ContrastiveGradientBuffer([p for _, p in named])
             names = [n for n, _ in named]
@@ -277,13 +190,33 @@ class AclGrad:
             self._top_indices = {
                 k: scope_indices(names, k, num_layers) for k in self.log_top_k if k <= num_layers
             }
-            self._optimizer = AclGradOptimizer.install(optimizer, self, model, criterion)
         return self._buffer
 
     def reset(self) -> None:
-        """Drops the buffered contrastive gradient (the trainer zeroed ``.grad``)."""
+        """Drops the buffered contrastive gradient and the statistics of decisions whose update
+        was not applied (the trainer zeroed ``.grad``: a new update, or an fp16 overflow)."""
         if self._buffer is not None:
             self._buffer.reset()
+        self._pending = []
+
+    def optimizer_step(self, optimizer: Any, step: Callable[[], None]) -> None:
+        """The task's ``optimizer_step``: runs ``step`` (the optimizer's), then logs the update's
+        decisions (``acl_grad_angle`` / ``acl_grad_drop`` and the angle log), unless the update
+        was skipped. fp16's loss scaler skips an overflowing update before this point (the
+        trainer zeroes the gradients instead, :meth:`reset`); ``--amp``'s scaler skips it inside
+        ``step``, lowering its scale."""
+        scaler = optimizer.scaler if isinstance(optimizer, AMPOptimizer) else None
+        scale = scaler.get_scale() if scaler is not None else None
+        step()
+        pending, self._pending = self._pending, []
+        if scaler is not None and scaler.get_scale() < scale:
+            return  # AMP skipped the update: its decisions enter no statistic
+        path = self._log_file()
+        for decision, record in pending:
+            metrics.log_scalar("acl_grad_angle", decision.angle, weight=1, round=1)
+            metrics.log_scalar("acl_grad_drop", 0.0 if decision.keep else 1.0, weight=1, round=3)
+            if path is not None and record is not None:
+                append_angle_record(path, record)
 
     def decide_update(self) -> Decision | None:
         """``--acl-grad-scope all``: decides on the update's exact global gradients, after the
@@ -308,19 +241,17 @@ class AclGrad:
             buffer.all_reduce(mean_all_reduce)
         angle = _rank0_value(buffer.angle_to_grad(), buffer.params[0].device)
         decision = decide(angle, self.settings.threshold)
-        path = self._log_file()
-        if path is not None and decision.finite:
+        record = None
+        if self._log_file() is not None and decision.finite:
             # the angles --acl-grad-scope head and top:K would measure (logged only)
             head_angle = buffer.angle_to_grad(self._head_indices)
             top = tuple((k, buffer.angle_to_grad(i)) for k, i in self._top_indices.items())
+            record = AngleRecord(self.update_num, decision.angle, decision.keep, head_angle, top)
         if decision.keep:
             buffer.add_to_grad()
         else:
             buffer.reset()
-        self._log_metrics(decision)
-        if path is not None and decision.finite:
-            record = AngleRecord(self.update_num, decision.angle, decision.keep, head_angle, top)
-            append_angle_record(path, record)
+        self._record(decision, record)
         return decision
 
     def _params_of_scope(self, model: nn.Module, k: int) -> list[nn.Parameter]:
@@ -363,19 +294,14 @@ class AclGrad:
             g_ce, g_con = list(parts[: len(params)]), list(parts[len(params) :])
         angle = _rank0_value(gradient_angle(g_ce, g_con), params[0].device)
         decision = decide(angle, self.settings.threshold)
-        self._log_metrics(decision)
-        path = self._log_file()
-        if path is not None and decision.finite:
-            append_angle_record(path, AngleRecord(self.update_num, angle, decision.keep, angle))
+        self._record(decision, AngleRecord(self.update_num, angle, decision.keep, angle))
         return decision.keep
 
-    @staticmethod
-    def _log_metrics(decision: Decision) -> None:
-        """The ``acl_grad_angle`` / ``acl_grad_drop`` metrics of a finite decision (overflow or
-        a zero gradient: no statistic, the trainer handles overflow)."""
+    def _record(self, decision: Decision, record: AngleRecord | None) -> None:
+        """Keeps a finite decision (and its angle-log line) for :meth:`optimizer_step`; an
+        undefined angle (overflow, a zero gradient) enters no statistic."""
         if decision.finite:
-            metrics.log_scalar("acl_grad_angle", decision.angle, weight=1, round=1)
-            metrics.log_scalar("acl_grad_drop", 0.0 if decision.keep else 1.0, weight=1, round=3)
+            self._pending.append((decision, record))
 
     def _log_file(self) -> str | None:
         """The angle-log file this worker writes (``--acl-grad-log``); None: none."""
@@ -387,80 +313,6 @@ class AclGrad:
         return path if _data_parallel_rank() == 0 else None
 
 
-class AclGradOptimizer:
-    """The trainer's optimizer, seen by ACL-Grad at the two points of an update that a task's
-    ``train_step`` does not see: the all-reduce of the gradients and their zeroing.
-
-    fairseq gives a task no hook to build or replace the trainer's optimizer, so
-    :meth:`install` shadows two methods of that optimizer *instance* with this object's
-    (everything else of the optimizer is untouched):
-
-    * ``all_reduce_grads(module)``: the optimizer's own, then, for the model the buffer
-      belongs to, :meth:`AclGrad.decide_update`. The trainer also calls it on its criterion
-      when that has parameters (they are not in the buffer: passed through). Any other
-      module is an error: the contrastive gradient of the update would be lost silently.
-    * ``zero_grad()``: the optimizer's own, then :meth:`AclGrad.reset` (e.g. after an OOM, the
-      trainer zeroes the gradients and starts the update again).
-    """
-
-    _ATTRIBUTE = "_acl_grad_optimizer"  # where the installed wrapper is kept on the optimizer
-
-    def __init__(self, optimizer: Any, unit: AclGrad, model: nn.Module, criterion: Any):
-        self._all_reduce_grads = optimizer.all_reduce_grads  # the optimizer's own methods
-        self._zero_grad = optimizer.zero_grad
-        self._optimizer = weakref.ref(optimizer)
-        self._model = weakref.ref(model)
-        self._criterion = weakref.ref(criterion) if isinstance(criterion, nn.Module) else None
-        self.unit = unit
-
-    @classmethod
-    def of(cls, optimizer: Any) -> "AclGradOptimizer | None":
-        """The wrapper installed on ``optimizer``, if any."""
-        return vars(optimizer).get(cls._ATTRIBUTE)
-
-    @classmethod
-    def install(
-        cls, optimizer: Any, unit: AclGrad, model: nn.Module, criterion: Any
-    ) -> "AclGradOptimizer":
-        """Wraps ``optimizer`` for ``unit`` and ``model`` (replacing an earlier wrapper)."""
-        previous = cls.of(optimizer)
-        if previous is not None:
-            previous.uninstall()
-        wrapper = cls(optimizer, unit, model, criterion)
-        optimizer.all_reduce_grads = wrapper.all_reduce_grads
-        optimizer.zero_grad = wrapper.zero_grad
-        setattr(optimizer, cls._ATTRIBUTE, wrapper)
-        return wrapper
-
-    def uninstall(self) -> None:
-        """Gives the optimizer its own two methods back."""
-        optimizer = self._optimizer()
-        if optimizer is not None and self.of(optimizer) is self:
-            for name in ("all_reduce_grads", "zero_grad", self._ATTRIBUTE):
-                delattr(optimizer, name)
-
-    def wraps(self, optimizer: Any, model: nn.Module) -> bool:
-        return self._optimizer() is optimizer and self._model() is model
-
-    def all_reduce_grads(self, module: nn.Module) -> None:
-        self._all_reduce_grads(module)
-        if module is self._model():
-            self.unit.decide_update()
-        elif self._criterion is None or module is not self._criterion():
-            raise RuntimeError(
-                f"ACL-Grad: the optimizer's all_reduce_grads was called on a "
-                f"{type(module).__name__}, not on the model whose contrastive gradient is "
-                "buffered; that gradient would be dropped without a decision. The trainer "
-                "must pass task.train_step and optimizer.all_reduce_grads the same model; or "
-                "turn ACL-Grad off (--no-acl-grad) or use --acl-grad-scope head (no buffer)."
-            )
-
-    def zero_grad(self) -> None:
-        self._zero_grad()
-        self.unit.reset()
-
-
-# ----------------------------------------------------------------------------- helpers
 def _scale_like_optimizer(optimizer: Any, loss: Tensor) -> Tensor:
     """Scales ``loss`` as ``optimizer.backward`` would (fp16 / AMP loss scaling)."""
     scaler = getattr(optimizer, "scaler", None)

@@ -91,20 +91,25 @@ def load_for_inference(
     data: str | Path | None = None,
     device: torch.device | str = "cpu",
     multi_exit: bool = False,
+    dtype: str | None = None,
     label_order: bool = True,
 ) -> Loaded:
     """The model of checkpoint ``path`` in eval mode on ``device``, and its task on ``data``
     (default: the folder it was trained on).
 
     Args:
-        multi_exit: refuse a model without ``early_exit`` (not a multi-exit model).
+        multi_exit: refuse a model without shallow exits (not a multi-exit model, or a
+            stage-1 one trained with ``--exit-layers none``).
         label_order: refuse a folder whose labels are the checkpoint's in another order (its
             binarized targets would not be the model's classes); ``False`` when only the
             names are used (``training_data.check_folder`` gives the checkpoint's order).
+        dtype: ``fp32``, ``bf16`` or ``int8``: the precision to run at
+            (``inference_precision.prepare_for_inference``); None: as stored.
     Raises:
         CheckpointError: no such file or folder, not a prepared folder, a folder the checkpoint
             was not trained on (``training_data.check_folder``), a file that is not a fairseq
-            checkpoint, or not a multi-exit model when one is needed.
+            checkpoint, not a multi-exit model when one is needed, or a precision this device
+            cannot run.
     """
     from fairseq import checkpoint_utils
 
@@ -138,4 +143,19 @@ def load_for_inference(
             f"{path} holds a {type(model).__name__}, not a multi-exit model "
             "(train it with --arch multi_exit_roberta*)"
         )
-    return Loaded(model.to(device).eval(), task, str(data))
+    if multi_exit and not model.shallow_exit_layers:
+        raise CheckpointError(
+            f"{path} has no shallow exit (a stage-1 checkpoint, trained with --exit-layers "
+            "none): early exit needs the multi-exit stage 2: fairseq-train --arch "
+            f"multi_exit_roberta* --criterion acl_cross_layer --restore-file {path} (exits "
+            "after every layer by default; README, Usage)"
+        )
+    model = model.to(device).eval()
+    if dtype is not None:
+        from ..inference_precision import prepare_for_inference
+
+        try:
+            prepare_for_inference(model, dtype)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+    return Loaded(model, task, str(data))

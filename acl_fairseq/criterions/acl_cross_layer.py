@@ -29,7 +29,8 @@ from fairseq.criterions import register_criterion
 from fairseq.dataclass import ChoiceEnum
 from torch import Tensor, nn
 
-from ..acl_grad import AclGradConfig
+from ..acl_grad.config import AclGradConfig
+from ..distributed import unwrap_model
 from ..losses import acl_embed_loss, cross_layer_loss
 from ..models.types import ExitOutput
 from .base import ContrastiveConfig
@@ -117,9 +118,7 @@ class AclCrossLayerCriterion(MultiExitCeCriterion):
                     f"'{self.classification_head_name}' with {head.out_proj.out_features} "
                     "classes: pass a checkpoint fine-tuned on this task (stage 1)"
                 )
-            while isinstance(getattr(model, "module", None), nn.Module):
-                model = model.module  # unwrap fairseq's distributed wrappers
-            teacher = copy.deepcopy(model)
+            teacher = copy.deepcopy(unwrap_model(model))  # not fairseq's distributed wrappers
             teacher.load_state_dict(state, strict=True)
             teacher.eval().requires_grad_(False)
             logger.info(f"ACL-CL teacher: frozen snapshot of {self.frozen_teacher_path}")

@@ -34,13 +34,9 @@ from fairseq.logging import metrics
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from ..acl_grad import (
-    AclGradConfig,
-    AclGradSettings,
-    AclGradTask,
-    LossTerms,
-    add_acl_grad_switch,
-)
+from ..acl_grad.config import AclGradConfig, AclGradSettings, add_acl_grad_switch
+from ..acl_grad.contract import AclGradTask, LossTerms
+from ..precision import full_precision
 
 __all__ = [
     "ContrastiveConfig",
@@ -285,8 +281,10 @@ class ContrastiveSentencePredictionCriterion(LossTermsCriterion):
         sample_size = targets.numel()
         lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)
         ce_loss = F.nll_loss(lprobs, targets, reduction="sum")
+        features = features.float()  # the losses in fp32, also under --autocast
         if self.contrastive_lambda > 0:
-            term = self.contrastive_term(features, targets, head.out_proj.weight)
+            with full_precision(features):
+                term = self.contrastive_term(features, targets, head.out_proj.weight.float())
             contrastive_loss = self.contrastive_lambda * sample_size * term
         else:
             contrastive_loss = features.sum() * 0.0

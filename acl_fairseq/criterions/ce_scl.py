@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fairseq.criterions import register_criterion
 from torch import Tensor
 
-from ..acl_grad import acl_grad_switch
+from ..acl_grad.config import acl_grad_switch
 from ..losses import supervised_contrastive_loss
 from .base import ContrastiveSentencePredictionConfig, ContrastiveSentencePredictionCriterion
 

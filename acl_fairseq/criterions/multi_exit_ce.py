@@ -21,6 +21,8 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from torch import Tensor, nn
 
+from ..distributed import call_through_wrappers
+from ..precision import full_precision
 from .base import LossTerms, LossTermsCriterion
 
 EXIT_WEIGHTING = ChoiceEnum(["layer", "uniform"])
@@ -63,9 +65,14 @@ class MultiExitCeCriterion(LossTermsCriterion):
             )
 
     def exit_outputs(self, model: nn.Module, sample: dict[str, Any]):
+        """Every exit's output; through the forward of fairseq's distributed wrappers, so
+        that ``--ddp-backend pytorch_ddp`` reduces the gradients (``call_through_wrappers``)."""
         self.check_model(model)
-        return model.exit_outputs(
-            **sample["net_input"], classification_head_name=self.classification_head_name
+        return call_through_wrappers(
+            model,
+            "exit_outputs",
+            **sample["net_input"],
+            classification_head_name=self.classification_head_name,
         )
 
     def contrastive_terms(
@@ -80,6 +87,10 @@ class MultiExitCeCriterion(LossTermsCriterion):
 
     def loss_terms(self, model: nn.Module, sample: dict[str, Any]) -> LossTerms:
         outputs = self.exit_outputs(model, sample)
+        # the losses in fp32, also under --autocast: fp32 outputs, autocast off for the terms
+        outputs = [
+            o._replace(logits=o.logits.float(), features=o.features.float()) for o in outputs
+        ]
         final_logits = outputs[-1].logits
         targets = model.get_targets(sample, [final_logits]).view(-1)
         sample_size = targets.numel()
@@ -89,7 +100,8 @@ class MultiExitCeCriterion(LossTermsCriterion):
             for o in outputs
         ]
         ce_loss = sum(w * ce for w, ce in zip(weights, ce_per_exit))
-        contrastive = self.contrastive_terms(model, sample, outputs, targets)
+        with full_precision(final_logits):
+            contrastive = self.contrastive_terms(model, sample, outputs, targets)
         if contrastive is None:
             contrastive_loss = final_logits.sum() * 0.0
         else:

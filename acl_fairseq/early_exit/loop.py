@@ -2,6 +2,8 @@
 
 It mirrors ``TransformerEncoder.forward`` layer by layer and keeps the work per layer small:
 
+* only the exits the policy decides at (``ExitPolicy.exits``: every shallow exit, or a per-exit
+  policy's own) are evaluated: the other heads do not run;
 * a policy that can never let a row out before the last exit (``ExitPolicy.never_exits``:
   ``entropy:0``, a patience of at least the number of shallow exits) runs the plain
   full-depth forward: no exit head is evaluated;
@@ -59,13 +61,18 @@ def run_early_exit(
 
     Args:
         src_tokens: B x T token ids.
-        policy: the exit policy.
+        policy: the exit policy (``ValueError`` when it names an exit the model lacks).
         head_name: the head group.
     Returns:
         ``EarlyExitResult(predictions B, exit_layers B, logits B x K)``.
     """
-    heads = dict(model.exit_heads(head_name))
     num_layers = int(model.num_layers)
+    used = set(policy.exits(model.shallow_exit_layers))  # the policy's skip list
+    heads = {
+        layer: head
+        for layer, head in model.exit_heads(head_name)
+        if layer in used or layer == num_layers
+    }
     bsz, device = src_tokens.size(0), src_tokens.device
     if policy.never_exits(len(heads) - 1):
         logits = model(src_tokens, classification_head_name=head_name)[0]

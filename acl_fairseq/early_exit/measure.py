@@ -1,15 +1,23 @@
-"""Accuracy and wall-clock speed of early exit over thresholds, measured in one process.
+"""Accuracy and wall-clock speed of early exit over policies, measured in one process.
 
-``sweep`` gives, for one policy kind and every threshold, the accuracy, the mean exit layer,
-the layer-count speed-up ``num_layers / mean exit layer`` (the ideal), the measured wall-clock
-speed-up (time of the full-depth forward / time of ``early_exit`` over the same batches) and
-the fraction of the ideal that the measurement achieves, as rows of the sweep table
-(``early_exit.table``).
+``sweep`` gives, for a list of policies on the same batches, the accuracy, the agreement with
+the full model, the mean exit layer, the layer-count speed-up ``num_layers / mean exit layer``
+(the ideal), the measured wall-clock speed-up (time of the full-depth forward / time of
+``early_exit`` over the same batches) and the fraction of the ideal that the measurement
+achieves, as rows of the sweep table (``early_exit.table``).
 
-Timing: one untimed warm-up pass per configuration (it also yields the accuracy and exit
-layers), then ``repeats`` rounds; each round times the full forward and every threshold over
-all batches, in alternating order, so machine noise hits them alike. The wall-clock speed-up is
-the median over rounds of the per-round ratio. ``torch.set_num_threads`` is left as it is.
+Accuracy, agreement and exit layers come from ONE ``exit_outputs`` pass over the batches
+(``thresholds.collect_exits``, or the pass given), simulated per policy
+(``thresholds.simulate_exits``: the loop's decisions, checked equal to ``early_exit`` by the
+tests): no policy runs for its statistics. Only the timing runs the loop.
+
+Timing (``repeats >= 1``): the ``exit_outputs`` pass has run every batch shape through the
+encoder; then one untimed warm-up call per configuration on the first batch (the loop's own
+first-call costs), then ``repeats`` rounds; each round times the full forward and every policy
+over all batches, in alternating order, so machine noise hits them alike. Times and
+throughput exclude the warm-up. The wall-clock speed-up is the median over rounds of the
+per-round ratio. ``repeats=0``: no timing (those columns are empty). ``torch.set_num_threads``
+is left as it is.
 """
 
 from __future__ import annotations
@@ -23,9 +31,10 @@ import torch
 from torch import Tensor
 
 from ..models.heads import DEFAULT_HEAD
-from .policies import ExitPolicy, make_policy
+from .policies import ExitPolicy
+from .thresholds import ExitLogits, collect_exits, simulate_exits
 
-__all__ = ["Batch", "sweep"]
+__all__ = ["Batch", "policy_rows", "sweep"]
 
 Batch = tuple[Tensor, Tensor]
 """``(src_tokens B x T, target B)`` on the model's device."""
@@ -44,128 +53,126 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def _full_pass(model: Any, batches: Sequence[Batch], head: str) -> list[Tensor]:
-    """Predictions of the final exit (plain full-depth forward) for every batch."""
-    return [model(tokens, classification_head_name=head)[0].argmax(dim=-1) for tokens, _ in batches]
+def _row(**values: Any) -> dict[str, Any]:
+    row = dict.fromkeys(("full_ms", "early_ms", "wall_speedup", "fraction_of_ideal"))
+    row.update(values)
+    return row
 
 
-def _early_pass(model: Any, batches: Sequence[Batch], policy: ExitPolicy, head: str) -> list:
-    return [
-        model.early_exit(tokens, policy, classification_head_name=head) for tokens, _ in batches
-    ]
+def policy_rows(
+    exit_logits: ExitLogits,
+    targets: Tensor,
+    policies: Sequence[ExitPolicy],
+    batch_size: int,
+    dtype: str = "fp32",
+) -> list[dict[str, Any]]:
+    """Sweep-table rows without timing, from one pass: the full model (``policy="none"``)
+    first, then one per policy (``threshold``: its ``value``)."""
+    num_layers = exit_logits[-1][0]
+    final = exit_logits[-1][1].argmax(dim=-1)
+    examples = int(targets.numel())
+
+    def share(layers: Tensor) -> dict[int, float]:
+        return {
+            int(k): float(n) / examples for k, n in zip(*torch.unique(layers, return_counts=True))
+        }
+
+    common = {"batch_size": batch_size, "dtype": dtype, "examples": examples}
+    rows = [
+        _row(
+            **common, policy="none", threshold=None,
+            accuracy=100.0 * float(final.eq(targets).double().mean()), agreement=100.0,
+            mean_exit_layer=float(num_layers), layer_speedup=1.0,
+            exit_share={num_layers: 1.0},
+        )
+    ]  # fmt: skip
+    for policy in policies:
+        layers, preds = simulate_exits(exit_logits, policy)
+        mean_layer = float(layers.double().mean())
+        rows.append(
+            _row(
+                **common, policy=policy.kind, threshold=policy.value,
+                accuracy=100.0 * float(preds.eq(targets).double().mean()),
+                agreement=100.0 * float(preds.eq(final).double().mean()),
+                mean_exit_layer=mean_layer, layer_speedup=num_layers / mean_layer,
+                exit_share=share(layers),
+            )
+        )  # fmt: skip
+    return rows
 
 
 def sweep(
     model: Any,
     batches: Sequence[Batch],
-    policy_kind: str,
-    thresholds: Sequence[float],
+    policies: Sequence[ExitPolicy],
     head: str = DEFAULT_HEAD,
     repeats: int = 3,
     batch_size: int | None = None,
     progress: Callable[[str], None] | None = None,
+    exits: tuple[ExitLogits, Tensor] | None = None,
+    dtype: str = "fp32",
 ) -> list[dict[str, Any]]:
-    """Accuracy, exit layers and speed of ``early_exit`` at every threshold, on ``batches``.
+    """Accuracy, exit layers and speed of ``early_exit`` for every policy, on ``batches``.
 
     Args:
-        model: a ``MultiExitRobertaModel`` (or anything with ``num_layers``, ``early_exit``
-            and ``__call__(tokens, classification_head_name=...)``), in eval mode.
+        model: a ``MultiExitRobertaModel`` (or anything with ``num_layers``, ``early_exit``,
+            ``exit_outputs`` and ``__call__(tokens, classification_head_name=...)``), in eval
+            mode, at precision ``dtype`` (the rows' label).
         batches: ``(src_tokens, target)`` pairs on the model's device.
-        policy_kind: ``entropy``, ``maxprob`` or ``patience``.
-        thresholds: one table row each.
-        repeats: timed rounds (after one untimed warm-up pass per configuration).
+        policies: one table row each.
+        repeats: timed rounds (0: no timing).
         batch_size: label of the rows (default: the size of the first batch).
-        progress: called with one line per configuration and per timed round.
+        progress: called with one line per timed round.
+        exits: ``collect_exits(model, batches, head)`` when already computed.
     Returns:
-        one dict per row (keys ``COLUMNS``): first the full model (``policy="none"``), then one
-        per threshold in the given order. ``accuracy`` is in percent, ``full_ms`` / ``early_ms``
-        are median milliseconds per example.
+        one dict per row (keys ``table.COLUMNS``): the full model (``policy="none"``), then one
+        per policy in the given order. ``accuracy`` and ``agreement`` in percent, ``full_ms``
+        / ``early_ms`` median milliseconds per example (None without timing).
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    policies = [make_policy(policy_kind, t) for t in thresholds]
-    num_layers = int(model.num_layers)
-    device = batches[0][0].device
-    examples = sum(int(target.numel()) for _, target in batches)
+    if repeats < 0:
+        raise ValueError(f"--repeats must be >= 0, got {repeats}")
     batch_size = batch_size or int(batches[0][0].size(0))
-    targets = [target for _, target in batches]
     start = time.perf_counter()
+    exit_logits, targets = exits if exits is not None else collect_exits(model, batches, head)
+    rows = policy_rows(exit_logits, targets, policies, batch_size, dtype)
+    if repeats == 0:
+        return rows
 
-    def report(message: str) -> None:
-        if progress is not None:
-            progress(f"batch {batch_size}: {message} [{time.perf_counter() - start:.0f} s]")
+    device = batches[0][0].device
+    examples = int(targets.numel())
 
-    def full() -> Any:
-        return _full_pass(model, batches, head)
+    def full(part: Sequence[Batch] = batches) -> Callable[[], Any]:
+        return lambda: [model(t, classification_head_name=head)[0].argmax(-1) for t, _ in part]
 
-    def runner(policy: ExitPolicy) -> Callable[[], Any]:
-        return lambda: _early_pass(model, batches, policy, head)
+    def early(policy: ExitPolicy, part: Sequence[Batch] = batches) -> Callable[[], Any]:
+        return lambda: [model.early_exit(t, policy, classification_head_name=head) for t, _ in part]
 
     with torch.no_grad():
-        # warm-up: also the statistics (predictions do not depend on timing)
-        full_correct = sum(int(p.eq(t).sum()) for p, t in zip(full(), targets))
-        report(f"full depth: accuracy {100.0 * full_correct / examples:.1f}%")
-        stats = []
-        for number, (threshold, policy) in enumerate(zip(thresholds, policies), start=1):
-            results = runner(policy)()
-            correct = sum(int(r.predictions.eq(t).sum()) for r, t in zip(results, targets))
-            layers = torch.cat([r.exit_layers for r in results]).cpu()
-            share = {
-                int(layer): float(n) / examples
-                for layer, n in zip(*torch.unique(layers, return_counts=True))
-            }
-            stats.append((correct, float(layers.float().mean()), share))
-            report(
-                f"{policy_kind} {threshold:g} ({number}/{len(policies)}): accuracy "
-                f"{100.0 * correct / examples:.1f}%, mean exit layer {stats[-1][1]:.2f}"
-            )
-
-        # timed rounds, full forward and thresholds interleaved, order alternating
-        jobs = [full] + [runner(p) for p in policies]
+        for job in [full(batches[:1])] + [early(p, batches[:1]) for p in policies]:
+            job()  # warm-up, not timed
+        jobs = [full()] + [early(p) for p in policies]
         times: list[list[float]] = [[] for _ in jobs]
         for round_idx in range(repeats):
             order = range(len(jobs)) if round_idx % 2 == 0 else reversed(range(len(jobs)))
             for j in order:
                 times[j].append(_timed(jobs[j], device))
-            report(f"timed round {round_idx + 1}/{repeats}")
+            if progress is not None:
+                progress(
+                    f"{dtype}, batch {batch_size}: timed round {round_idx + 1}/{repeats} "
+                    f"[{time.perf_counter() - start:.0f} s]"
+                )
 
     def per_example_ms(seconds: list[float]) -> float:
         return 1000.0 * statistics.median(seconds) / examples
 
     full_ms = per_example_ms(times[0])
-    rows = [
-        {
-            "batch_size": batch_size,
-            "policy": "none",
-            "threshold": None,
-            "examples": examples,
-            "accuracy": 100.0 * full_correct / examples,
-            "mean_exit_layer": float(num_layers),
-            "layer_speedup": 1.0,
-            "full_ms": full_ms,
-            "early_ms": full_ms,
-            "wall_speedup": 1.0,
-            "fraction_of_ideal": 1.0,
-            "exit_share": {num_layers: 1.0},
-        }
-    ]
-    for threshold, (correct, mean_layer, share), t in zip(thresholds, stats, times[1:]):
-        layer_speedup = num_layers / mean_layer
+    rows[0].update(full_ms=full_ms, early_ms=full_ms, wall_speedup=1.0, fraction_of_ideal=1.0)
+    for row, t in zip(rows[1:], times[1:]):
         wall = statistics.median(f / e for f, e in zip(times[0], t))
-        rows.append(
-            {
-                "batch_size": batch_size,
-                "policy": policy_kind,
-                "threshold": threshold,
-                "examples": examples,
-                "accuracy": 100.0 * correct / examples,
-                "mean_exit_layer": mean_layer,
-                "layer_speedup": layer_speedup,
-                "full_ms": full_ms,
-                "early_ms": per_example_ms(t),
-                "wall_speedup": wall,
-                "fraction_of_ideal": wall / layer_speedup,
-                "exit_share": share,
-            }
+        row.update(
+            full_ms=full_ms,
+            early_ms=per_example_ms(t),
+            wall_speedup=wall,
+            fraction_of_ideal=wall / row["layer_speedup"],
         )
     return rows

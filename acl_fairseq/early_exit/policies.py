@@ -23,15 +23,21 @@ Kinds (``POLICIES``; a new kind is one class here with ``@register_policy``):
   previous exit's argmax (0 at the first exit, which has no predecessor; reset to 0 when the
   prediction changes); exit when the counter reaches ``N``. Patience ``N`` exits at the
   ``(N+1)``-th exit at the earliest; patience 0 exits at the first exit.
+* ``per_exit_entropy:2=0.1,4=0.3[;patience=P]`` / ``per_exit_maxprob:...`` (``per_exit``):
+  a threshold of its own at each exit it names, the other exits skipped (their heads do not
+  run), optionally with PABEE's patience beside the thresholds.
 
 Each kind states its values once (``value_range``, checked by the constructor), its default
-sweep grid (``default_grid``) and its string form (``spec``, read back by ``parse_policy``).
+sweep grid (``default_grid``; ``calibrated`` kinds have none: the sweep calibrates them), its
+string form (``spec``, read back by ``parse_policy``) and the shallow exits it decides at
+(``exits``: all of the model's by default).
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -58,7 +64,8 @@ PolicyState = dict[str, Tensor]
 """Per-row policy state: every tensor has the batch (rows still running) as first dim."""
 
 POLICIES: dict[str, type[ExitPolicy]] = {}
-"""Every policy kind by name (``entropy``, ``maxprob``, ``patience``)."""
+"""Every policy kind by name (``entropy``, ``maxprob``, ``patience``, and ``per_exit_entropy``,
+``per_exit_maxprob`` registered by ``early_exit.per_exit``)."""
 
 _SYNTAX = '"KIND:VALUE" with KIND one of {kinds} (e.g. "entropy:0.3", "patience:2")'
 
@@ -95,6 +102,8 @@ class ExitPolicy(ABC):
     """Registry name, the ``KIND`` of ``KIND:VALUE``."""
     value_range: ClassVar[str]
     """The values the kind accepts, in words (the one range check is the constructor's)."""
+    calibrated: ClassVar[bool] = False
+    """True for kinds whose values are fitted to a split (``calibrate``), not swept on a grid."""
 
     @classmethod
     @abstractmethod
@@ -108,8 +117,8 @@ class ExitPolicy(ABC):
 
     @property
     @abstractmethod
-    def value(self) -> float:
-        """The policy's one parameter (threshold or patience)."""
+    def value(self) -> float | str:
+        """The policy's parameter (threshold, patience; a per-exit kind's text)."""
 
     @property
     def spec(self) -> str:
@@ -127,6 +136,12 @@ class ExitPolicy(ABC):
         """True when no row can leave at any of ``num_shallow_exits`` shallow exits, whatever
         the logits (the loop then runs the plain full-depth forward)."""
         return num_shallow_exits == 0
+
+    def exits(self, shallow_exit_layers: Sequence[int]) -> tuple[int, ...]:
+        """The shallow exits (of the model's ``shallow_exit_layers``) the policy decides at, in
+        order: the only ones whose heads run. Every one by default; ``ValueError`` when the
+        policy names an exit the model does not have."""
+        return tuple(shallow_exit_layers)
 
     @abstractmethod
     def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
@@ -324,7 +339,8 @@ def make_policy(kind: str, value: Any) -> ExitPolicy:
 
 
 def parse_policy(spec: str) -> ExitPolicy:
-    """Build a policy from ``KIND:VALUE``: ``"entropy:0.3"``, ``"maxprob:0.9"``, ``"patience:2"``.
+    """Build a policy from ``KIND:VALUE``: ``"entropy:0.3"``, ``"maxprob:0.9"``, ``"patience:2"``,
+    ``"per_exit_entropy:2=0.1,4=0.3"``.
 
     The kind is case-insensitive; surrounding spaces are ignored. Raises ``ValueError`` naming
     ``spec`` for an unknown kind, a missing value or a value outside the kind's range.

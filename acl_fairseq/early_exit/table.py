@@ -1,6 +1,6 @@
 """The early-exit sweep's table: its columns, Markdown for the terminal, and the TSV/CSV file
-(``write_table``) with its reader (``read_sweep``, also of older tables with a
-``wallclock_speedup`` column)."""
+(``write_table``) with its reader (``read_sweep``, also of older tables: a
+``wallclock_speedup`` column, no ``dtype`` or ``agreement``)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from typing import Any
 
 #: Columns of the written table, in order (``exit_share`` only goes to the file).
 COLUMNS = (
+    "dtype",
     "batch_size",
     "policy",
     "threshold",
     "examples",
     "accuracy",
+    "agreement",
     "mean_exit_layer",
     "layer_speedup",
     "full_ms",
@@ -33,17 +35,19 @@ def _fmt(key: str, value: Any) -> str:
     if key == "exit_share":
         return ",".join(f"{layer}:{share:.3f}" for layer, share in sorted(value.items()))
     if key == "threshold":
-        return f"{value:g}"
+        return value if isinstance(value, str) else f"{value:g}"
     if isinstance(value, float):
         return f"{value:.3f}" if key in ("full_ms", "early_ms") else f"{value:.2f}"
     return str(value)
 
 
 MARKDOWN_HEADERS = {
+    "dtype": "dtype",
     "batch_size": "batch",
     "policy": "policy",
     "threshold": "threshold",
     "accuracy": "accuracy %",
+    "agreement": "agreement with full %",
     "mean_exit_layer": "mean exit layer",
     "layer_speedup": "layer-count speed-up",
     "wall_speedup": "wall-clock speed-up",
@@ -61,7 +65,7 @@ def format_markdown(rows: Sequence[dict[str, Any]]) -> str:
         "|" + "---|" * len(keys),
     ]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(k, row[k]) for k in keys) + " |")
+        lines.append("| " + " | ".join(_fmt(k, row.get(k)) for k in keys) + " |")
     return "\n".join(lines)
 
 
@@ -85,7 +89,7 @@ def write_table(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
         for row in rows:
             values = []
             for key in COLUMNS:
-                value = row[key]
+                value = row.get(key)
                 if key in ("threshold", "exit_share") or value is None:
                     values.append("" if value is None else _fmt(key, value))
                 elif isinstance(value, float):
@@ -120,12 +124,14 @@ def read_sweep(path: Path) -> list[dict[str, Any]]:
         for raw in reader:
             rows.append(
                 {
+                    "dtype": raw.get("dtype") or "fp32",
                     "policy": raw["policy"],
                     "threshold": raw["threshold"],
                     "batch_size": int(float(raw["batch_size"])),
                     "accuracy": float(raw["accuracy"]),
                     "mean_exit_layer": float(raw["mean_exit_layer"]),
                     "layer_speedup": float(raw["layer_speedup"]),
+                    "agreement": float(raw["agreement"]) if raw.get("agreement") else math.nan,
                     "wall_speedup": float(raw[wall]) if wall and raw[wall] else math.nan,
                 }
             )

@@ -9,27 +9,24 @@ by layer, the last one the final exit (``collect_exits``, from ``exit_outputs``)
 * ``quantile_thresholds``: thresholds that spread the curve evenly over the mean exit layer;
 * ``oracle_exits`` / ``oracle_rows``: the best any policy could do (earliest exit that agrees
   with the final exit, or with the gold label);
-* ``choose_row`` / ``choose_and_save``: the threshold to deploy for an accuracy-drop or
-  speed-up target, written to ``early_exit_policy.json``.
+* ``choose_row``: the sweep row to deploy for a speed-up target (or an accuracy-drop target
+  among the rows swept; ``deploy`` calibrates exactly for that one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from .policies import POLICIES, ConfidencePolicy, ExitPolicy, make_policy, policy_kind
-from .saved_policy import write_policy
+from .policies import POLICIES, ConfidencePolicy, ExitPolicy, policy_kind
 
 __all__ = [
     "ExitLogits",
     "Quantiles",
     "TargetError",
-    "choose_and_save",
     "choose_row",
     "collect_exits",
     "exit_accuracies",
@@ -71,12 +68,15 @@ def simulate_exits(exit_logits: ExitLogits, policy: ExitPolicy) -> tuple[Tensor,
 
     Policies decide row by row, so running them on all rows of a full ``exit_outputs`` pass
     (no row removal) gives the same exits as the batched ``early_exit``; this makes threshold
-    searches cheap (one encoder pass for any number of thresholds).
+    searches cheap (one encoder pass for any number of thresholds). Only the exits the policy
+    decides at (``ExitPolicy.exits``) are used, as in the loop.
 
     Returns:
         ``(exit_layers N, predictions N)``.
     """
     *shallow, (last_layer, last_logits) = exit_logits
+    used = set(policy.exits([layer for layer, _ in shallow]))  # a per-exit policy's own
+    shallow = [(layer, logits) for layer, logits in shallow if layer in used]
     exit_layers = torch.full_like(last_logits[:, 0], last_layer, dtype=torch.long)
     predictions = last_logits.argmax(dim=-1)
     done = torch.zeros_like(exit_layers, dtype=torch.bool)
@@ -192,18 +192,20 @@ def choose_row(
     rows: Sequence[dict[str, Any]],
     max_accuracy_drop: float | None = None,
     target_speedup: float | None = None,
+    constraint: str = "accuracy",
 ) -> dict[str, Any]:
     """The sweep row to deploy.
 
     Args:
-        rows: sweep rows of one batch size: the full model (``policy == "none"``) and the
-            thresholds (other policies such as ``oracle-*`` are ignored).
-        max_accuracy_drop: points below the full model's accuracy allowed: the row with the
-            largest layer-count speed-up within it (ties: the more accurate).
-        target_speedup: the most accurate row whose layer-count speed-up is at least this
-            (ties: the faster).
+        rows: sweep rows of one batch size and precision: the full model (``policy ==
+            "none"``) and the policies (``oracle-*`` rows are ignored).
+        max_accuracy_drop: points below the full model's accuracy allowed (``constraint
+            "agreement"``: percent of rows whose prediction may differ from the full model's):
+            the row with the largest layer-count speed-up within it (ties: the more accurate).
+        target_speedup: the most accurate (most agreeing) row whose layer-count speed-up is at
+            least this (ties: the faster).
     Raises:
-        ValueError: neither or both targets; ``TargetError``: no threshold reaches it.
+        ValueError: neither or both targets; ``TargetError``: no row reaches it.
     """
     if (max_accuracy_drop is None) == (target_speedup is None):
         raise ValueError("give exactly one of --max-accuracy-drop and --target-speedup")
@@ -215,20 +217,21 @@ def choose_row(
     ]
     if not candidates:
         raise ValueError("the sweep rows have no threshold to choose from")
+    key = "agreement" if constraint == "agreement" else "accuracy"
     if max_accuracy_drop is not None:
         if not max_accuracy_drop >= 0:
             raise ValueError(f"--max-accuracy-drop must be >= 0 points, got {max_accuracy_drop}")
-        floor = full["accuracy"] - max_accuracy_drop - 1e-9
-        within = [r for r in candidates if r["accuracy"] >= floor]
+        floor = full[key] - max_accuracy_drop - 1e-9
+        within = [r for r in candidates if r[key] >= floor]
         if not within:
-            least = min(full["accuracy"] - r["accuracy"] for r in candidates)
+            least = min(full[key] - r[key] for r in candidates)
             raise TargetError(
-                f"--max-accuracy-drop {max_accuracy_drop:g}: no threshold is within "
-                f"{max_accuracy_drop:g} points of the full model ({full['accuracy']:.2f}%); the "
-                f"smallest drop swept is {least:.2f} points: allow at least that, or sweep "
-                "more demanding thresholds"
+                f"--max-accuracy-drop {max_accuracy_drop:g} (--constraint {constraint}): no "
+                f"policy is within {max_accuracy_drop:g} points of the full model "
+                f"({full[key]:.2f}%); the smallest drop swept is {least:.2f} points: allow at "
+                "least that, or sweep more demanding thresholds"
             )
-        return max(within, key=lambda r: (r["layer_speedup"], r["accuracy"]))
+        return max(within, key=lambda r: (r["layer_speedup"], r[key]))
     assert target_speedup is not None
     if not target_speedup >= 1:
         raise ValueError(f"--target-speedup must be >= 1 (layer-count), got {target_speedup}")
@@ -236,17 +239,20 @@ def choose_row(
     if not fast:
         best = max(r["layer_speedup"] for r in candidates)
         raise TargetError(
-            f"--target-speedup {target_speedup:g}: no threshold reaches it; the largest "
+            f"--target-speedup {target_speedup:g}: no policy reaches it; the largest "
             f"layer-count speed-up swept is {best:.2f}: ask for at most that"
         )
-    return max(fast, key=lambda r: (r["accuracy"], r["layer_speedup"]))
+    return max(fast, key=lambda r: (r[key], r["layer_speedup"]))
 
 
-def oracle_rows(exit_logits: ExitLogits, targets: Tensor, batch_size: int) -> list[dict[str, Any]]:
-    """Sweep-table rows ``oracle-final`` (earliest exit agreeing with the final exit: the full
-    model's accuracy) and ``oracle-gold`` (earliest exit that is right: an upper bound on the
-    accuracy at that depth); layer-count speed-up only, no timing."""
+def oracle_rows(
+    exit_logits: ExitLogits, targets: Tensor, batch_size: int, dtype: str = "fp32"
+) -> list[dict[str, Any]]:
+    """Sweep-table rows ``oracle-final`` (earliest exit that agrees with the final exit: the
+    full model's accuracy) and ``oracle-gold`` (earliest exit that is right: an upper bound on
+    the accuracy at that depth); layer-count speed-up only, no timing."""
     num_layers = exit_logits[-1][0]
+    final = exit_logits[-1][1].argmax(dim=-1)
     rows = []
     for name, gold in (("oracle-final", None), ("oracle-gold", targets)):
         layers, preds = oracle_exits(exit_logits, gold)
@@ -254,11 +260,13 @@ def oracle_rows(exit_logits: ExitLogits, targets: Tensor, batch_size: int) -> li
         counts = torch.unique(layers, return_counts=True)
         rows.append(
             {
+                "dtype": dtype,
                 "batch_size": batch_size,
                 "policy": name,
                 "threshold": None,
                 "examples": int(targets.numel()),
                 "accuracy": 100.0 * float(preds.eq(targets).double().mean()),
+                "agreement": 100.0 * float(preds.eq(final).double().mean()),
                 "mean_exit_layer": mean_layer,
                 "layer_speedup": num_layers / mean_layer,
                 "full_ms": None,
@@ -296,33 +304,3 @@ def sweep_thresholds(
             return default
         return quantile_thresholds(exit_logits, kind, spec.count)
     return list(spec)
-
-
-def choose_and_save(
-    rows: Sequence[dict[str, Any]],
-    checkpoint: str | Path,
-    split: str,
-    max_accuracy_drop: float | None,
-    target_speedup: float | None,
-) -> tuple[Path, dict[str, Any]]:
-    """Choose the row for the target among ``rows`` (one batch size) and write its policy
-    next to ``checkpoint``. Returns ``(path written, chosen row)``."""
-    row = choose_row(rows, max_accuracy_drop, target_speedup)
-    full = next(r for r in rows if r["policy"] == "none")
-    target = (
-        {"max_accuracy_drop": max_accuracy_drop}
-        if max_accuracy_drop is not None
-        else {"target_speedup": target_speedup}
-    )
-    path = write_policy(
-        checkpoint,
-        make_policy(row["policy"], row["threshold"]),
-        target=target,
-        split=split,
-        examples=row["examples"],
-        accuracy=round(row["accuracy"], 4),
-        full_accuracy=round(full["accuracy"], 4),
-        mean_exit_layer=round(row["mean_exit_layer"], 4),
-        layer_speedup=round(row["layer_speedup"], 4),
-    )
-    return path, row

@@ -51,7 +51,7 @@ _IGNORED_KEY_RE = re.compile(
     r"|^cls\.predictions\.decoder\.(weight|bias)$"
     r"|^cls\.seq_relationship\.(weight|bias)$"
 )
-_LAYER_MAP: dict[str, str] = {
+LAYER_MAP: dict[str, str] = {
     "attention.self.query": "self_attn.q_proj",
     "attention.self.key": "self_attn.k_proj",
     "attention.self.value": "self_attn.v_proj",
@@ -421,7 +421,7 @@ def bert_state_to_fairseq(
 
     for i in range(spec.encoder_layers):
         src, dst = f"{p}encoder.layer.{i}.", f"{enc}layers.{i}."
-        for hf_name, fs_name in _LAYER_MAP.items():
+        for hf_name, fs_name in LAYER_MAP.items():
             for param in ("weight", "bias"):
                 out[f"{dst}{fs_name}.{param}"] = get(f"{src}{hf_name}.{param}")
     extra_layers = sorted(

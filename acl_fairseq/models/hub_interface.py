@@ -23,16 +23,18 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
     in eval mode without gradients. ``default_policy`` (an ``ExitPolicy`` or a ``parse_policy``
     string; ``None`` = full depth) is what ``predict_early_exit`` uses without a policy;
     ``from_pretrained`` sets it from the checkpoint's ``early_exit_policy.json`` when there is
-    one. ``label_names`` (set by ``from_pretrained``) names the classes in the model's order:
-    the label list the checkpoint recorded at training, else its data folder's; it names the
-    predictions of ``predict_early_exit`` (``result.labels``). ``num_inputs`` is 2 for a
-    sentence-pair model.
+    one (the policy chosen at the hub's ``dtype``). ``label_names`` (set by ``from_pretrained``)
+    names the classes in the model's order: the label list the checkpoint recorded at training,
+    else its data folder's; it names the predictions of ``predict_early_exit``
+    (``result.labels``). ``num_inputs`` is 2 for a sentence-pair model.
     """
 
     default_policy: ExitPolicy | str | None = None
     example_encoder: ExampleEncoder | None = None
     label_names: list[str] | None = None
     num_inputs: int | None = None
+    dtype: str = "fp32"
+    """The precision the model runs at (``from_pretrained(..., dtype=...)``)."""
 
     def encode(self, sentence: str, *addl_sentences: str, no_separator: bool = False) -> Tensor:
         """Raw text -> 1D token ids. With the tokenizer a prepared folder recorded

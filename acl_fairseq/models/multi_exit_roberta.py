@@ -38,6 +38,7 @@ from ..data.text_encoder import ExampleEncoder, TextEncoder
 from ..early_exit.loop import run_early_exit
 from ..early_exit.policies import ExitPolicy, as_policy
 from ..early_exit.saved_policy import POLICY_FILE, read_policy
+from ..inference_precision import prepare_for_inference
 from .heads import DEFAULT_HEAD, POOLING_CHOICES, MultiExitClassificationHead, exit_head_name
 from .hub_interface import MultiExitRobertaHubInterface
 from .types import EarlyExitResult, ExitOutput
@@ -152,6 +153,7 @@ class MultiExitRobertaModel(RobertaModel):
         checkpoint_file: str = "model.pt",
         data_name_or_path: str = ".",
         bpe: str | None = "recorded",
+        dtype: str | None = None,
         **kwargs: Any,
     ) -> MultiExitRobertaHubInterface:
         """Load a multi-exit checkpoint (trained with a ``multi_exit_roberta*`` arch).
@@ -164,7 +166,10 @@ class MultiExitRobertaModel(RobertaModel):
         encoding: ``acl_fairseq.checkpoint.training_data``, a ``ValueError`` naming both);
         ``hub.label_names`` names the classes. An
         ``early_exit_policy.json`` next to the checkpoint (``acl-fairseq-sweep
-        --max-accuracy-drop D``) becomes the hub's ``default_policy``.
+        --max-accuracy-drop D``) becomes the hub's ``default_policy``. ``dtype`` (``fp32``,
+        ``bf16``, ``int8``; default: that file's, else fp32) is the precision the model runs
+        at (``inference_precision``; ``hub.dtype``), and the saved policy is the one chosen at
+        it.
         """
         import os
 
@@ -205,9 +210,14 @@ class MultiExitRobertaModel(RobertaModel):
             max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
             hub.example_encoder = ExampleEncoder.from_task(task, data, max_positions, text)
         saved = read_policy(os.path.join(model_name_or_path, checkpoint_file))
+        hub.dtype = dtype or (saved.dtype if saved is not None else "fp32")
+        prepare_for_inference(model, hub.dtype)
         if saved is not None:  # chosen by acl-fairseq-sweep --max-accuracy-drop/--target-speedup
-            hub.default_policy = saved.policy
-            logger.info(f"early exit: default policy {saved.policy.spec} (from {POLICY_FILE})")
+            hub.default_policy, note = saved.policy_at(hub.dtype)
+            logger.info(
+                f"early exit: default policy {hub.default_policy.spec} at {hub.dtype} (from "
+                f"{POLICY_FILE}{note and ': ' + note})"
+            )
         return hub
 
     # ------------------------------------------------------------------ heads

@@ -34,11 +34,15 @@ from fairseq.tasks.sentence_prediction import SentencePredictionConfig, Sentence
 from ..acl_grad import AclGrad, AclGradCriterion, AclGradLogConfig
 from ..checkpoint.fits import load_state_dict_checked
 from ..checkpoint.training_data import record_training_data
+from ..distributed import DataParallelConfig, check_unused_parameters
 from ..input_checks import check_dictionaries, check_lengths, check_num_classes, check_split_files
+from ..precision import AutocastConfig, check_autocast, forward_precision
 
 
 @dataclass
-class AclSentencePredictionConfig(SentencePredictionConfig, AclGradLogConfig):
+class AclSentencePredictionConfig(
+    SentencePredictionConfig, AclGradLogConfig, AutocastConfig, DataParallelConfig
+):
     group_by_length: bool = field(
         default=False,
         metadata={
@@ -56,25 +60,46 @@ class AclSentencePredictionTask(SentencePredictionTask):
 
     def __init__(self, cfg: AclSentencePredictionConfig, data_dictionary, label_dictionary):
         super().__init__(cfg, data_dictionary, label_dictionary)
-        self.acl_grad = AclGrad(log_path=cfg.acl_grad_log, log_top_k=cfg.acl_grad_log_top_k)
+        self.autocast = str(cfg.autocast)
+        self.acl_grad = AclGrad(
+            log_path=cfg.acl_grad_log, log_top_k=cfg.acl_grad_log_top_k, autocast=self.autocast
+        )
         self._last_model: weakref.ref | None = None  # for build_criterion's check
 
     def train_step(
         self, sample, model, criterion, optimizer, update_num, ignore_grad=False, **kwargs
     ):
-        if not isinstance(criterion, AclGradCriterion) or criterion.acl_grad is None:
+        model.train()
+        model.set_num_updates(update_num)
+        if isinstance(criterion, AclGradCriterion) and criterion.acl_grad is not None:
+            return self.acl_grad.train_step(
+                sample, model, criterion, optimizer, update_num, ignore_grad
+            )
+        if self.autocast == "none":
             return super().train_step(
                 sample, model, criterion, optimizer, update_num, ignore_grad, **kwargs
             )
-        model.train()
-        model.set_num_updates(update_num)
-        return self.acl_grad.train_step(
-            sample, model, criterion, optimizer, update_num, ignore_grad
-        )
+        # fairseq's train_step, with the forward pass (only) under --autocast
+        with forward_precision(self.autocast, model, optimizer):
+            loss, sample_size, logging_output = criterion(model, sample)
+        if ignore_grad:
+            loss *= 0
+        optimizer.backward(loss)
+        return loss, sample_size, logging_output
+
+    def valid_step(self, sample, model, criterion):
+        with forward_precision(self.autocast, model):
+            return super().valid_step(sample, model, criterion)
+
+    def optimizer_step(self, optimizer, model, update_num):
+        """fairseq's step; then the update's ACL-Grad statistics, unless it was skipped."""
+        step = super().optimizer_step
+        self.acl_grad.optimizer_step(optimizer, lambda: step(optimizer, model, update_num))
 
     # ------------------------------------------------------------------ set-up checks
     @classmethod
     def setup_task(cls, cfg, **kwargs: Any):
+        check_autocast(cfg)
         check_dictionaries(cfg)
         task = super().setup_task(cfg, **kwargs)
         loading = bool(kwargs.get("from_checkpoint"))  # loading a checkpoint, not training
@@ -99,6 +124,9 @@ class AclSentencePredictionTask(SentencePredictionTask):
         # method, so that copies of the model (EMA) load into themselves
         model.load_state_dict = types.MethodType(load_state_dict_checked, model)
         self._last_model = weakref.ref(model)
+        if not from_checkpoint:  # RoBERTa's LM head is no part of sentence classification
+            lm_head = [n for n, p in model.named_parameters() if p.requires_grad and "lm_head" in n]
+            check_unused_parameters(self.cfg, lm_head)
         return model
 
     def build_criterion(self, cfg, from_checkpoint=False):

@@ -39,6 +39,8 @@
 #   SEED          random seed (default: 1)
 #   FP16          1: --fp16 --fp16-init-scale 4 --threshold-loss-scale 1 --fp16-scale-window 128
 #                 0: fp32. Default: 1 when a CUDA GPU is visible and --cpu is not given.
+#                 For bf16 mixed precision (GPU or CPU): FP16=0 and the extra argument
+#                 --autocast bf16 (fairseq's own --bf16 means TPU).
 #   USER_DIR      the plugin (default: this repository's acl_fairseq)
 #   STAGE2_ARGS   extra arguments for stage 2 of multi_exit_joint and acl_cl only
 #   FAIRSEQ_TRAIN the fairseq-train executable (default: fairseq-train on PATH)

@@ -1,7 +1,9 @@
 """Compare fine-tuning methods over several seeds: CE, CE+SCL, ACL, and multi-exit joint CE
 versus ACL-CL, with checkpoints chosen on dev and accuracy reported on a held-out test split.
+Every run also keeps its per-example predictions on dev and test (``predictions.tsv``).
 
-Methods (every run: ``fairseq-train --task acl_sentence_prediction``, the demo's optimizer):
+Methods (every run: ``fairseq-train --task acl_sentence_prediction``, the demo's optimizer;
+the main comparison, run by default, is ce, ce_scl, acl, multi_exit_joint and acl_cl):
 
   ce                fairseq's ``sentence_prediction`` criterion (plain CE), final exit only
   ce_scl            CE + SCL (``--criterion ce_scl``, Gunel et al.); run by default with
@@ -9,11 +11,17 @@ Methods (every run: ``fairseq-train --task acl_sentence_prediction``, the demo's
                     measured and logged every update (for the angle histogram) but the SCL
                     term is never dropped, so the objective is plain CE+SCL (at the cost of a
                     second backward pass; ``--ce-scl-plain`` turns the measurement off)
+  ce_scl_grad       CE + SCL gated by ACL-Grad (``--acl-grad --acl-grad-threshold``, default
+                    90): the gate without ACL-Embed
   acl               CE + ACL-Embed with ACL-Grad (``--criterion acl_embed``,
                     ``--acl-grad-threshold``, default 90)
+  acl_embed         CE + ACL-Embed without ACL-Grad (``--criterion acl_embed --no-acl-grad``):
+                    ACL without its gate
   multi_exit_joint  stage 2 of the joint baseline: the multi-exit model restored from the CE
                     run's best checkpoint (same seed), joint weighted CE over every exit
                     (``--criterion multi_exit_ce``)
+  joint_from_acl    the same joint CE stage 2, restored from the acl run's best checkpoint:
+                    the same start as acl_cl
   acl_cl            stage 2 of ACL: the multi-exit model restored from the acl run's best
                     checkpoint (same seed), ``--criterion acl_cross_layer``
 
@@ -71,6 +79,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acl_fairseq.cli.compare.plan import (
+    COMPARE_METHODS,
     parse_list,
     plan_epochs,
     plan_runs,
@@ -104,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         type=lambda s: parse_list(s, str, "--methods"),
         default=list(METHODS),
-        help=f"comma list of {','.join(METHODS)} (default: all)",
+        help=f"comma list of {','.join(COMPARE_METHODS)} (default: {','.join(METHODS)})",
     )
     p.add_argument(
         "--seeds",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from acl_fairseq.compare_results import SWEEP_METHODS
 from acl_fairseq.recipe import (
+    ABLATIONS,
     CONTRASTIVE_METHODS,
     METHODS,
     MULTI_EXIT_METHODS,
@@ -19,6 +20,13 @@ from acl_fairseq.recipe import (
     model_flags,
 )
 
+# every method compare runs, in training order (a stage-1 method before the stage-2 methods
+# restoring it); by default the main comparison, METHODS
+COMPARE_METHODS = (
+    "ce", "ce_scl", "ce_scl_grad", "acl", "acl_embed", "multi_exit_joint", "joint_from_acl",
+    "acl_cl",
+)  # fmt: skip
+assert set(COMPARE_METHODS) == {*METHODS, *ABLATIONS}
 CE_SCL_ANGLE_THRESHOLD = 180.0  # the angle never exceeds 180 degrees: nothing is dropped
 
 
@@ -73,14 +81,14 @@ def plan_runs(
     lambdas: Sequence[float] | None = None,
 ) -> list[Run]:
     """Runs in an order that trains every stage-1 run before the stage-2 run restoring it:
-    seed by seed, all methods of a seed in ``METHODS`` order; then the lambda sweep."""
-    unknown = [m for m in methods if m not in METHODS]
+    seed by seed, all methods of a seed in ``COMPARE_METHODS`` order; then the lambda sweep."""
+    unknown = [m for m in methods if m not in COMPARE_METHODS]
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; expected some of {list(METHODS)}")
+        raise ValueError(f"unknown method(s) {unknown}; expected some of {list(COMPARE_METHODS)}")
     wanted = set(methods) | {STAGE1[m] for m in methods if m in STAGE1}
     runs: list[Run] = []
     for seed in seeds:
-        for method in METHODS:
+        for method in COMPARE_METHODS:
             if method in wanted:
                 lam = base_lambda if method in CONTRASTIVE_METHODS else None
                 runs.append(Run(method, seed, lam))

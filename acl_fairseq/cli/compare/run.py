@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acl_fairseq.acl_grad import read_angle_log
+from acl_fairseq.checkpoint.inference import load_for_inference
 from acl_fairseq.cli.compare.plan import (
     CE_SCL_ANGLE_THRESHOLD,
     Run,
@@ -27,6 +28,7 @@ from acl_fairseq.cli.compare.report import angle_summary
 from acl_fairseq.compare_results import RESULT_FILE, write_result
 from acl_fairseq.fairseq_log import best_dev, json_records, test_metrics
 from acl_fairseq.paths import BIN, USER_DIR
+from acl_fairseq.predictions import PREDICTIONS_FILE, predict_split, write_predictions
 from acl_fairseq.recipe import criterion_flags, flag_groups, multi_exit_arch
 from acl_fairseq.recipe import train_command as fairseq_train_command
 
@@ -44,8 +46,12 @@ def method_flags(run: Run, opts: argparse.Namespace) -> list[str]:
             acl_grad=None if plain else True,
             acl_grad_threshold=None if plain else f"{CE_SCL_ANGLE_THRESHOLD:g}",
         )
+    if run.method == "ce_scl_grad":  # CE+SCL gated by ACL-Grad
+        return criterion_flags("ce_scl", lam, temperature, True, threshold)
+    if run.method == "acl_embed":  # ACL without its gate
+        return criterion_flags("acl_embed", lam, temperature, acl_grad=False)
     exits = {"exit_layers": opts.exit_layers or None, "exit_weighting": opts.exit_weighting}
-    if run.method == "multi_exit_joint":
+    if run.method in ("multi_exit_joint", "joint_from_acl"):
         return criterion_flags(run.method, **exits)
     if run.method != "acl_cl":
         return criterion_flags(run.method, lam, temperature, acl_grad_threshold=threshold)
@@ -67,7 +73,7 @@ def grad_threshold(run: Run, opts: argparse.Namespace) -> float | None:
     """The ACL-Grad threshold a run uses (None: no angles are measured)."""
     if run.method == "ce_scl":
         return None if opts.ce_scl_plain else CE_SCL_ANGLE_THRESHOLD
-    if run.method in ("acl", "acl_cl"):
+    if run.method in ("ce_scl_grad", "acl", "acl_cl"):
         return opts.acl_grad_threshold
     return None
 
@@ -122,6 +128,26 @@ def validate_command(opts: argparse.Namespace, checkpoint: Path) -> list[str]:
         "--valid-subset", opts.test_subset, "--batch-size", str(opts.eval_batch_size),
         *(["--cpu"] if opts.cpu else []), "--num-workers", "0", "--log-format", "json",
     ]  # fmt: skip
+
+
+def save_predictions(
+    opts: argparse.Namespace, checkpoint: Path, path: Path, test: dict[str, float]
+) -> None:
+    """Every exit's prediction for every dev and test example of ``checkpoint``
+    (``predictions.tsv``, for per-example paired tests), checked against fairseq-validate's
+    test accuracy (which fairseq logs rounded to 0.1)."""
+    loaded = load_for_inference(checkpoint, opts.data)
+    splits = [
+        predict_split(loaded.model, loaded.task, split, opts.eval_batch_size)
+        for split in (opts.dev_subset, opts.test_subset)
+    ]
+    accuracy = splits[1].accuracy()
+    if "accuracy" in test and abs(accuracy - float(test["accuracy"])) > 0.05 + 1e-9:
+        raise RunFailed(
+            f"{checkpoint}: the per-example predictions give {accuracy:.2f}% on "
+            f"{opts.test_subset}, fairseq-validate {test['accuracy']}%"
+        )
+    write_predictions(path, splits)
 
 
 def portable(cmd: Sequence[str], opts: argparse.Namespace) -> list[str]:
@@ -211,6 +237,9 @@ def check_same_flags(run: Run, run_dir: Path, expected: list[str]) -> None:
     saved = json.loads(meta.read_text(encoding="utf-8")).get("train_command")
     if saved is None or saved == expected:
         return
+    # which installation's fairseq-train ran it does not change the run (a study restored
+    # on another machine or checkout)
+    saved, expected = ([Path(c[0]).name, *c[1:]] if c else c for c in (saved, expected))
     cosmetic = ("--log-interval ",)  # does not change the run's results
     old_flags, new_flags = (
         [g for g in flag_groups(args) if not g.startswith(cosmetic)] for args in (saved, expected)
@@ -257,9 +286,10 @@ def execute(
             f"{tag}: training {updates} updates; {progress.elapsed()}, {progress.eta(remaining)}",
             flush=True,
         )
+        # a run linked from another folder (acl-fairseq-study) is trained where it lives
         if run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
+            shutil.rmtree(run_dir.resolve())
+        run_dir.resolve().mkdir(parents=True)
         (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n", encoding="utf-8")
         (run_dir / "run.json").write_text(
             json.dumps(
@@ -319,6 +349,7 @@ def execute(
             + _tail(run_dir / "test.log")
         )
     test = test_metrics((run_dir / "test.log").read_text(encoding="utf-8"), opts.test_subset)
+    save_predictions(opts, best, run_dir / PREDICTIONS_FILE, test)
     meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     result = {
         **{k: v for k, v in meta.items() if k != "train_command"},

@@ -145,6 +145,7 @@ def train(
         log_format="simple",
         log_interval=25,
         validate_interval_updates=max(25, updates // 3),
+        extra=["--autocast", args.autocast] if args.autocast != "none" else [],
     )
     start = time.time()
     run_logged(cmd, save_dir / "train.log")
@@ -209,6 +210,13 @@ def main(argv=None) -> None:
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--epochs", type=int, default=1, help="epochs of each stage")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--autocast",
+        choices=("none", "bf16"),
+        default="none",
+        help="mixed precision of the fine-tunes' forward passes (fairseq-train --autocast): "
+        "bf16 is faster on CPUs with AVX512-BF16 and on recent GPUs (docs/results.md)",
+    )
     p.add_argument("--sweep-examples", type=int, default=200,
                    help="test sentences timed in the early-exit sweep")  # fmt: skip
     p.add_argument("--force", action="store_true", help="train again even if checkpoints exist")
@@ -228,6 +236,7 @@ def main(argv=None) -> None:
 
     step("4/7 fine-tune: CE baseline, ACL (stage 1), ACL-CL exits (stage 2)")
     settings = f"seed{args.seed}-lr{args.lr}-bs{args.batch_size}-ep{args.epochs}"
+    settings += "" if args.autocast == "none" else f"-{args.autocast}"
     tag = f"{data.name[: -len('-bin')]}-{settings}"
     runs = work / "runs" / tag
     print("-- CE (fairseq sentence_prediction), final exit only")

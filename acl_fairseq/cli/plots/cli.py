@@ -230,8 +230,14 @@ def plot_early_exit(results_dir: Path, out_dir: Path, specs: Sequence[str] | Non
     csv_rows = []
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = "os^Dv<>p"
-    for i, (label, path) in enumerate(files):
+    series = []  # (label, rows): one per table and precision (acl-fairseq-sweep --dtypes)
+    for label, path in files:
         rows = read_sweep(path)
+        dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+        for dtype in dtypes:
+            name = label if len(dtypes) == 1 else f"{label} {dtype}"
+            series.append((name, [r for r in rows if r["dtype"] == dtype]))
+    for i, (label, rows) in enumerate(series):
         oracles = [r for r in rows if r["policy"].startswith("oracle")]
         rows = [r for r in rows if r not in oracles]
         color = cycle[i % len(cycle)]

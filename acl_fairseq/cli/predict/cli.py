@@ -41,7 +41,13 @@ from acl_fairseq.data.prepared import read_meta
 from acl_fairseq.data.tasks import DataError
 from acl_fairseq.data.text_encoder import ExampleEncoder
 from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
-from acl_fairseq.early_exit.saved_policy import POLICY_FILE, policy_path, read_policy
+from acl_fairseq.early_exit.saved_policy import (
+    POLICY_FILE,
+    SavedPolicy,
+    policy_path,
+    read_policy,
+)
+from acl_fairseq.inference_precision import PRECISIONS
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 PROG = "acl-fairseq-predict"
@@ -65,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="early exit, e.g. entropy:0.3, maxprob:0.9, patience:2; 'saved': the policy "
         "acl-fairseq-sweep wrote to early_exit_policy.json next to the checkpoint; 'none': "
         "full depth (default: saved when that file exists, else full depth)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=PRECISIONS,
+        help="precision: fp32, bf16 (weights in bfloat16), int8 (torch's dynamic quantization, "
+        "CPU only) (default: the saved policy's precision, else fp32)",
     )
     p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass")
     p.add_argument("--head", default=DEFAULT_HEAD, help="classification head")
@@ -119,21 +131,37 @@ def run_batches(
     return results
 
 
-def choose_policy(spec: str | None, checkpoint: str) -> tuple[ExitPolicy | None, str]:
-    """``(policy or None for full depth, a line saying which)`` for ``--policy spec``.
+def choose_policy(
+    spec: str | None, checkpoint: str, dtype: str | None = None
+) -> tuple[ExitPolicy | None, str, str]:
+    """``(policy or None for full depth, a line saying which, precision)`` for ``--policy
+    spec`` and ``--dtype dtype``.
 
     ``None`` (the default): the saved policy when ``early_exit_policy.json`` is next to the
-    checkpoint, else full depth; ``saved``: that file (an error without it); ``none``: full
-    depth; anything else: ``parse_policy``.
+    checkpoint (the one chosen at ``dtype``), else full depth; ``saved``: that file (an error
+    without it); ``none``: full depth; anything else: ``parse_policy``. The precision:
+    ``dtype``, else the saved file's, else fp32.
     """
     name = (spec or "").strip().lower()
-    if name == "none":
-        return None, "full depth (--policy none)"
-    if spec is None or name == "saved":
+    wanted = spec is None or name == "saved"
+    saved = None
+    if wanted or dtype is None:
         try:
             saved = read_policy(checkpoint)
         except ValueError as e:
-            raise PredictError(f"--policy saved: {e}") from None
+            flag = "--policy saved" if wanted else "--dtype (default: the saved policy's)"
+            raise PredictError(f"{flag}: {e}") from None
+    dtype = dtype or (saved.dtype if saved is not None else "fp32")
+    policy, described = _policy(spec, name, checkpoint, saved, dtype)
+    return policy, described, dtype
+
+
+def _policy(
+    spec: str | None, name: str, checkpoint: str, saved: SavedPolicy | None, dtype: str
+) -> tuple[ExitPolicy | None, str]:
+    if name == "none":
+        return None, "full depth (--policy none)"
+    if spec is None or name == "saved":
         if saved is None:
             if spec is not None:
                 raise PredictError(
@@ -142,8 +170,9 @@ def choose_policy(spec: str | None, checkpoint: str) -> tuple[ExitPolicy | None,
                     "--target-speedup S), or give a policy such as entropy:0.3"
                 )
             return None, f"full depth (no {POLICY_FILE} next to the checkpoint)"
-        return saved.policy, (
-            f"{saved.policy.spec} (saved in {saved.path}: {saved.describe()}; "
+        policy, note = saved.policy_at(dtype)
+        return policy, (
+            f"{policy.spec} (saved in {saved.path}: {saved.describe()}{note and '; ' + note}; "
             "--policy none for full depth)"
         )
     try:
@@ -156,7 +185,7 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     columns = parse_columns(args.text_columns)
     if args.batch_size < 1:
         raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
-    policy, described = choose_policy(args.policy, args.checkpoint)
+    policy, described, dtype = choose_policy(args.policy, args.checkpoint, args.dtype)
     if not Path(args.checkpoint).is_file():
         raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
     source = "stdin" if args.input == "-" else args.input
@@ -164,7 +193,7 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     try:
         model, task, data = load_for_inference(
-            args.checkpoint, args.data, device, label_order=False
+            args.checkpoint, args.data, device, dtype=dtype, label_order=False
         )
         found = checked_labels(task, data, args.checkpoint)
     except (CheckpointError, DataMismatch) as e:
@@ -190,7 +219,12 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
             "possible: drop --policy, or use a stage-2 checkpoint (a multi-exit criterion, "
             "--arch multi_exit_roberta*, whose exits were trained)"
         )
-    stderr.write(f"{PROG}: policy: {described}\n")
+    stderr.write(f"{PROG}: policy: {described}\n{PROG}: dtype: {dtype}\n")
+    if policy is not None:
+        try:
+            policy.exits(model.shallow_exit_layers)
+        except ValueError as e:
+            raise PredictError(f"--policy: {e}") from None
     if regression and policy is not None:
         raise PredictError("--policy: early exit needs a classification (not regression) model")
     from fairseq import utils

@@ -10,6 +10,9 @@ Every split is fixed and reproducible:
   shuffled), rows 1-6,000 train, 6,001-7,000 dev, 7,001-10,000 test.
 * ``fewshot``: for each size k and seed s, k training sentences per class drawn from the movie
   train split (seeded by s), with the movie dev and test splits.
+* ``fewshotdev`` (``--fewshot-dev``): for k in 16, 64 and draws 1-10, the same training draw
+  and a dev split of k sentences per class drawn from the rest of the movie train split; the
+  movie test split.
 
 Usage::
 
@@ -32,6 +35,9 @@ DEMO_TRAIN, DEV, TEST = 1600, 600, 2000
 PAIR_SPLITS = {"train": (0, 6000), "dev": (6000, 7000), "test": (7000, 10000)}
 FEWSHOT_SIZES = (16, 64, 256, 1024)
 FEWSHOT_SEEDS = (1, 2, 3, 4, 5)
+FEWSHOT_DEV_SIZES = (16, 64)
+FEWSHOT_DEV_DRAWS = tuple(range(1, 11))
+DEV_SEED_OFFSET = 10_000  # the dev draw's seed: never one of a training draw
 
 
 def movie_rows(snippets: Path) -> list[tuple[str, str]]:
@@ -60,6 +66,18 @@ def fewshot_train(train: list[tuple[str, str]], per_class: int, seed: int) -> li
         chosen += rng.sample(pool, per_class)
     rng.shuffle(chosen)
     return chosen
+
+
+def fewshot_train_dev(
+    pool: list[tuple[str, str]], per_class: int, seed: int
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """A few-shot training set (``fewshot_train``: the first round's draws) and a dev set of
+    the same size drawn from the rest of ``pool`` (disjoint), as a user with ``2 x
+    per_class`` labelled sentences per class would split them."""
+    train = fewshot_train(pool, per_class, seed)
+    taken = set(train)
+    rest = [row for row in pool if row not in taken]
+    return train, fewshot_train(rest, per_class, DEV_SEED_OFFSET + seed)
 
 
 def write_tsv(path: Path, rows: list[tuple[str, ...]]) -> None:
@@ -91,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=REPO / "study_work")
     p.add_argument("--pair-tsv", type=Path, help="vitaminc_pairs_10k.tsv (skip the pair task)")
     p.add_argument("--no-fewshot", action="store_true", help="skip the few-shot subsets")
+    p.add_argument(
+        "--fewshot-dev",
+        action="store_true",
+        help="also the second round's few-shot draws with a dev split of their own size",
+    )
     args = p.parse_args(argv)
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
@@ -121,6 +144,16 @@ def main(argv: list[str] | None = None) -> int:
                 write_tsv(raw / "train.tsv", fewshot_train(movie["train"], k, seed))
                 for split in ("dev", "test"):
                     shutil.copyfile(work / "raw" / "movie" / f"{split}.tsv", raw / f"{split}.tsv")
+                prepare_tsv(raw, name, model_dir, data)
+    if args.fewshot_dev:
+        for k in FEWSHOT_DEV_SIZES:
+            for draw in FEWSHOT_DEV_DRAWS:
+                name = f"fewshotdev{k}-d{draw}"
+                raw = work / "raw" / name
+                train, dev = fewshot_train_dev(movie["train"], k, draw)
+                write_tsv(raw / "train.tsv", train)
+                write_tsv(raw / "dev.tsv", dev)
+                shutil.copyfile(work / "raw" / "movie" / "test.tsv", raw / "test.tsv")
                 prepare_tsv(raw, name, model_dir, data)
     print(f"data in {data}")
     return 0

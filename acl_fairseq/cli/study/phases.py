@@ -38,6 +38,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from acl_fairseq.cli.study.runs import check_retrained, link_run, need_checkpoints, restore
 from acl_fairseq.data.splits import count_examples
 from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 
@@ -131,8 +132,10 @@ class Study:
         return {}
 
     def choose(self, key: str, scores: dict[str, float], value) -> None:
+        """Records the choice ``key = value`` with the dev scores it was made from."""
         data = self.choices()
         data[key] = {"chosen": value, "dev_accuracy": scores}
+        self.root.mkdir(parents=True, exist_ok=True)
         self.choices_file.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         print(f"{self.task}: chose {key} = {value} on dev ({scores})", flush=True)
 
@@ -201,15 +204,18 @@ class Study:
 
     def variants(self) -> None:
         scores = {}
-        need_checkpoints(self.root / "main", ["acl-seed1"])
-        for name in VARIANTS:
-            out = self.root / "variants" / name
-            link_run(self.root / "main", out, "acl-seed1")
+        main = self.root / "main"
+        outs = {name: self.root / "variants" / name for name in VARIANTS}
+        dependents = [out / "runs" / "acl_cl-seed1" for out in outs.values()]
+        again = need_checkpoints(main, ["acl-seed1"], dependents)
+        for name, out in outs.items():
+            link_run(main, out, "acl-seed1")
             # the flags of the stage-1 run it restores (acl: the top-K angle log)
             args = [*self.stage1("acl"), *self.hyper_parameters("acl_cl")]
             args += self.stage2_args(name)
             self.compare(out, [*args, "--methods", "acl_cl", "--seeds", "1"])
             scores[name] = dev_accuracy(out, "acl_cl-seed1")
+        check_retrained(main, again)
         self.choose("acl_cl", scores, best_key(scores))
 
     def exits(self) -> None:
@@ -217,11 +223,16 @@ class Study:
         variant = self.chosen("acl_cl")
         seeds = ",".join(map(str, SEEDS))
         link_run(self.root / "variants" / variant, main, "acl_cl-seed1")
-        need_checkpoints(main, [f"{m}-seed{s}" for m in ("ce", "acl") for s in SEEDS])
+        again = []
+        for method, stage1 in (("multi_exit_joint", "ce"), ("acl_cl", "acl")):
+            for s in SEEDS:
+                dependent = [main / "runs" / f"{method}-seed{s}"]
+                again += need_checkpoints(main, [f"{stage1}-seed{s}"], dependent)
         for method, stage1 in (("multi_exit_joint", "ce"), ("acl_cl", "acl")):
             args = [*self.stage1(stage1), *self.hyper_parameters(stage1)]
             args += self.stage2_args(variant)
             self.compare(main, [*args, "--methods", method, "--seeds", seeds])
+        check_retrained(main, again)
 
     def earlyexit(self) -> None:
         """Entropy early exit of both multi-exit families (seed 1) on the test split."""
@@ -261,41 +272,6 @@ class Study:
                     self.compare(out, run)
 
 
-def restore(work: Path, docs: Path) -> None:
-    """Puts the committed small results of finished runs (``docs/study``) back under
-    ``work/runs``, so that a study resumed on another machine does not train them again."""
-    work = work.resolve()
-    for test_json in sorted((docs / "runs").glob("**/test.json")):
-        rel = test_json.parent.relative_to(docs / "runs")  # TASK/.../RUN
-        dest = work / "runs" / rel.parent / "runs" / rel.name
-        if (dest / "test.json").exists():
-            continue
-        dest.mkdir(parents=True, exist_ok=True)
-        for src in test_json.parent.iterdir():
-            text = src.read_text(encoding="utf-8").replace("<work>", str(work))
-            (dest / src.name).write_text(text.replace("<repo>", str(REPO)), encoding="utf-8")
-        (dest / "train.done").write_text("", encoding="utf-8")
-    for choices in sorted((docs / "choices").glob("*.json")):
-        dest = work / "runs" / choices.stem / "choices.json"
-        if not dest.exists():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(choices.read_text(encoding="utf-8"), encoding="utf-8")
-
-
-def need_checkpoints(out: Path, runs: list[str]) -> None:
-    """Stage-1 runs restored without their checkpoint are trained again (same seed, same
-    flags): a link to such a run is removed, a run's result is moved aside."""
-    for name in runs:
-        run_dir = out / "runs" / name
-        if not run_dir.exists() or (run_dir / "checkpoint_best.pt").exists():
-            continue
-        print(f"{run_dir}: no checkpoint, training it again", flush=True)
-        if run_dir.is_symlink():
-            run_dir.unlink()
-        else:
-            (run_dir / "test.json").rename(run_dir / "test.restored.json")
-
-
 def git_commit() -> str:
     try:
         return subprocess.run(
@@ -313,17 +289,6 @@ def dev_accuracy(out: Path, run: str) -> float:
 def best_key(scores: dict[str, float]) -> str:
     """The key with the highest dev accuracy; the first in grid order among ties."""
     return max(scores, key=lambda k: (scores[k], -list(scores).index(k)))
-
-
-def link_run(src_out: Path, dst_out: Path, run: str) -> None:
-    """Makes ``dst_out/runs/run`` the finished run of ``src_out`` (compare then skips it)."""
-    src = src_out / "runs" / run
-    dst = dst_out / "runs" / run
-    if not (src / "test.json").exists():
-        raise SystemExit(f"{src} is not finished")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if not dst.exists():
-        dst.symlink_to(os.path.relpath(src, dst.parent))
 
 
 PHASES = {
@@ -348,11 +313,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--docs", type=Path, default=REPO / "docs" / "study", help="committed results (restore)"
     )
+    p.add_argument(
+        "--methods",
+        type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
+        help="second-round phases: only these methods (e.g. two processes sharing a phase)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=lambda text: [int(v) for v in text.split(",") if v.strip()],
+        help="second-round phases: only these seeds",
+    )
     args = p.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     for phase in args.phases:
         if phase == "restore":
-            restore(args.work_dir, args.docs)
+            print(f"restored {restore(args.work_dir, args.docs)} runs", flush=True)
+            continue
+        from acl_fairseq.cli.study.round2 import run_phase  # it builds on this module
+
+        if run_phase(args.work_dir, phase, args.methods, args.seeds):
             continue
         if phase == "fewshot":
             Study(args.work_dir, "fewshot").fewshot()

@@ -5,15 +5,23 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from acl_fairseq.early_exit.deploy import DeployTarget
 from acl_fairseq.early_exit.policies import make_policy, policy_kind
 from acl_fairseq.early_exit.thresholds import Quantiles
+from acl_fairseq.inference_precision import check_precision
 
 DEFAULT_QUANTILES = 10
+DEFAULT_DROPS = (0.0, 0.5, 1.0, 2.0, 5.0)
 
 
 def check_thresholds(kind: str, thresholds: Sequence[float]) -> None:
     """Raise ``ValueError`` (naming ``--thresholds``) for a value the ``kind`` does not accept
     (the range of the policy itself)."""
+    if policy_kind(kind).calibrated:
+        raise ValueError(
+            f"--thresholds: --policy {kind} is calibrated on the split, not swept: its rows are "
+            "the policies found at each --drops target (and --max-accuracy-drop)"
+        )
     for t in thresholds:
         try:
             make_policy(kind, t)
@@ -47,7 +55,72 @@ def threshold_spec(text: str) -> list[float] | Quantiles:
 
 def int_list(text: str) -> list[int]:
     """``--batch-sizes``: positive integers like ``1,32``."""
-    values = [int(v) for v in text.split(",") if v.strip()]
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers like 1,32, got {text!r}")
     return values
+
+
+def float_list(text: str) -> list[float]:
+    """``--drops``: numbers >= 0 like ``0,0.5,1``."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not v >= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected numbers >= 0 like 0,0.5,1, got {text!r}")
+    return values
+
+
+def dtype_list(text: str) -> list[str]:
+    """``--dtypes``: ``fp32``, ``bf16``, ``int8``, comma-separated, no repeats."""
+    try:
+        values = [check_precision(v) for v in text.split(",") if v.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("--dtype ", "")) from None
+    if not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct precisions like fp32,int8, got {text!r}"
+        )
+    return values
+
+
+def check_flags(args: argparse.Namespace, use_cuda: bool) -> DeployTarget | None:
+    """The deploy target of the flags (None without one); ``ValueError`` naming the flag of a
+    combination that cannot work."""
+    calibrated = policy_kind(args.policy).calibrated
+    if args.thresholds is not None and not isinstance(args.thresholds, Quantiles):
+        check_thresholds(args.policy, args.thresholds)
+    if args.thresholds is not None and calibrated:
+        check_thresholds(args.policy, [])
+    if args.drops is not None and not calibrated:
+        raise ValueError(
+            f"--drops: the rows of a calibrated policy (per_exit_*); --policy {args.policy} "
+            "sweeps --thresholds"
+        )
+    if args.patience is not None and not calibrated:
+        raise ValueError(
+            "--patience: beside a per-exit policy's thresholds (--policy per_exit_entropy); "
+            "--policy patience sweeps patience itself"
+        )
+    if use_cuda and "int8" in args.dtypes:
+        raise ValueError(
+            "--dtypes int8 runs on the CPU only (torch's dynamic quantization): add --cpu"
+        )
+    if args.max_accuracy_drop is None and args.target_speedup is None:
+        if args.risk_control is not None:
+            raise ValueError("--risk-control needs --max-accuracy-drop D (what it certifies)")
+        return None
+    target = DeployTarget(
+        max_accuracy_drop=args.max_accuracy_drop,
+        target_speedup=args.target_speedup,
+        constraint=args.constraint,
+        risk_control=args.risk_control,
+        head_cost=args.head_cost,
+        patience=args.patience,
+    )
+    target.check()
+    return target

@@ -1,48 +1,53 @@
-"""Early-exit sweep: accuracy and speed of a multi-exit checkpoint over exit thresholds.
+"""Early-exit sweep: accuracy and speed of a multi-exit checkpoint over exit policies, per
+precision, and the policy to deploy.
 
-For one policy kind (``entropy``, ``maxprob`` or ``patience``) and every batch size and
-threshold, the table gives the accuracy, the mean exit layer, the layer-count speed-up
-``num_layers / mean exit layer`` (the ideal), the measured wall-clock speed-up (time of the
-full-depth forward / time of ``early_exit`` over the same batches, in the same process) and the
-fraction of the ideal that the measurement achieves. A first row per batch size is the full
-model (no early exit); the accuracy of every exit (one ``exit_outputs`` pass, the layer-score
-curve) is printed once.
+For one policy kind and every precision (``--dtypes``), batch size and policy, the table gives
+the accuracy, the agreement with the full model's predictions, the mean exit layer, the
+layer-count speed-up ``num_layers / mean exit layer`` (the ideal), the measured wall-clock
+speed-up (time of the full-depth forward / time of ``early_exit`` over the same batches, same
+process, same precision) and the fraction of the ideal that the measurement achieves. A first
+row per precision and batch size is the full model. Per precision, the accuracy of every exit
+is printed once, and each precision's full-depth accuracy and agreement with fp32.
 
-Timing: one untimed warm-up pass per configuration, then ``--repeats`` interleaved rounds,
-medians (``acl_fairseq.early_exit.measure``). ``torch.set_num_threads`` is left as it is.
+One ``exit_outputs`` pass per precision and batch size gives the accuracy and exit layers of
+every policy (simulated: the loop's decisions); only the timing runs the early-exit loop:
+``--repeats`` interleaved rounds after an untimed warm-up, medians; the times exclude the
+warm-up (``acl_fairseq.early_exit.measure``); ``--repeats 0`` skips timing.
+``torch.set_num_threads`` is left as it is.
 
-Usage::
+Policies: ``entropy``, ``maxprob`` (``--thresholds``, default a fixed grid; ``quantiles[:N]``:
+N thresholds whose mean exit layers spread evenly from full depth to the first exit),
+``patience``, and the per-exit kinds ``per_exit_entropy`` / ``per_exit_maxprob`` (a threshold
+per exit, exits that do not pay for their head skipped; their rows are the policies calibrated
+on the split at each ``--drops`` target). Two rows bound any policy, with no timing:
+``oracle-final`` (the earliest exit that agrees with the final exit) and ``oracle-gold`` (the
+earliest exit that is right).
 
-    acl-fairseq-sweep CHECKPOINT DATA --policy entropy --out sweep.tsv
-    acl-fairseq-sweep --checkpoint CHECKPOINT --data DATA --split test
-    acl-fairseq-sweep CHECKPOINT DATA --policy patience --thresholds 0,1,2,3 \\
-        --batch-sizes 1,8,32 --max-examples 500 --cpu
+Deploying: ``--max-accuracy-drop D`` chooses, per precision, the fastest policy of the kind
+that changes at most D percent of the full model's predictions on ``--split`` (``--constraint
+agreement``, the default: it bounds the accuracy drop by D too). ``--constraint accuracy``
+(within D points of the full model's accuracy on the split) over-fits a small dev split: chosen
+on 600 dev sentences, the drop on test was 2-7x D, while with the agreement constraint one
+threshold (the default kind) stayed within D and per-exit thresholds lost 1.1 points at D = 1
+(docs/results.md, "Exit policies chosen on dev"). ``--risk-control DELTA`` certifies that at
+most D percent of the predictions change, with probability 1 - DELTA (Learn-then-Test;
+conservative).
+``--target-speedup S``: the most accurate swept row with a layer-count speed-up of at least S.
+The choice is written to ``early_exit_policy.json`` next to the checkpoint, every precision's
+under ``by_dtype``, the first of ``--dtypes`` as the default that ``acl-fairseq-predict``
+(``--dtype`` defaults to it) and the hub's ``predict_early_exit`` use::
 
-``DATA`` is the binarized ``sentence_prediction`` directory (``DATA/{input0,input1,label}``).
+    acl-fairseq-sweep CKPT DATA --dtypes int8,fp32 --max-accuracy-drop 1
+    acl-fairseq-predict CKPT --input sentences.txt   # int8 + the policy chosen for int8
 
-The whole curve: ``--thresholds quantiles[:N]`` (N = 10 by default) takes N thresholds from the
-exits' confidences on the split (one ``exit_outputs`` pass), spaced so that their mean exit
-layers are evenly spread from full depth to the first exit
-(``acl_fairseq.early_exit.thresholds.quantile_thresholds``); without ``--thresholds`` the
-policy's default grid is swept. Two rows bound any policy, from the same pass and with
-no timing: ``oracle-final`` (every sentence leaves at the earliest exit that agrees with the
-final exit: the full model's accuracy at the smallest mean exit layer) and ``oracle-gold`` (the
-earliest exit that is right: an upper bound on the accuracy).
-
-Deploying: ``--max-accuracy-drop D`` (the fastest threshold at most D points below the full
-model on the split) or ``--target-speedup S`` (the most accurate threshold with a layer-count
-speed-up of at least S) writes the chosen policy to ``early_exit_policy.json`` next to the
-checkpoint (``acl_fairseq.early_exit.saved_policy``), which ``acl-fairseq-predict`` and the hub's
-``predict_early_exit`` use when no policy is given::
-
-    acl-fairseq-sweep CKPT DATA --thresholds quantiles:20 --max-accuracy-drop 1
-
-``--out`` gets a TSV (or a CSV if the name ends in ``.csv``); Markdown goes to stdout.
+``DATA`` is the binarized ``sentence_prediction`` directory; ``--out`` gets a TSV (a CSV if
+the name ends in ``.csv``); Markdown goes to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,29 +56,36 @@ from typing import Any
 import torch
 
 from acl_fairseq.checkpoint.inference import CheckpointError, load_for_inference
-from acl_fairseq.cli.sweep.checks import check_thresholds, int_list, threshold_spec
+from acl_fairseq.cli.sweep.checks import (
+    DEFAULT_DROPS,
+    check_flags,
+    dtype_list,
+    float_list,
+    int_list,
+    threshold_spec,
+)
 from acl_fairseq.data.splits import check_split, load_batches
+from acl_fairseq.early_exit import deploy
+from acl_fairseq.early_exit.calibrate import CONSTRAINTS, calibrated_family
 from acl_fairseq.early_exit.measure import sweep
-from acl_fairseq.early_exit.policies import POLICIES
+from acl_fairseq.early_exit.policies import POLICIES, make_policy, policy_kind
 from acl_fairseq.early_exit.table import format_layer_scores, format_markdown, write_table
 from acl_fairseq.early_exit.thresholds import (
-    Quantiles,
     TargetError,
-    choose_and_save,
     collect_exits,
     exit_accuracies,
     oracle_rows,
     sweep_thresholds,
 )
+from acl_fairseq.help_format import HelpFormatter
+from acl_fairseq.inference_precision import prepare_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
+
+PROG = "acl-fairseq-sweep"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="acl-fairseq-sweep",
-        description="Accuracy and speed of early exit over a threshold grid.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument(
         "checkpoint", nargs="?", help="multi-exit fairseq checkpoint (or --checkpoint)"
     )
@@ -89,26 +101,72 @@ def build_parser() -> argparse.ArgumentParser:
         type=threshold_spec,
         help="comma-separated thresholds ('inf' is accepted), or quantiles[:N]: N thresholds "
         "from the exits' confidences on the split, evenly spread over the mean exit layer "
-        "(default: a fixed grid per policy)",
+        "(default: a fixed grid per policy; not for the per-exit kinds)",
     )
-    target = parser.add_argument_group("choose a threshold to deploy (written next to CHECKPOINT)")
+    parser.add_argument(
+        "--drops",
+        type=float_list,
+        help="per_exit_* kinds: one row per accuracy-drop target (points), the policy "
+        f"calibrated on the split for it (default: {','.join(f'{d:g}' for d in DEFAULT_DROPS)})",
+    )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        metavar="P",
+        help="per_exit_* kinds: also leave after P agreeing exits (patience or confidence)",
+    )
+    parser.add_argument(
+        "--dtypes",
+        type=dtype_list,
+        default=["fp32"],
+        help="precisions to measure and deploy: fp32, bf16 (weights in bfloat16), int8 "
+        "(torch's dynamic quantization, CPU only); the first is the saved default",
+    )
+    target = parser.add_argument_group("choose a policy to deploy (written next to CHECKPOINT)")
     target.add_argument(
         "--max-accuracy-drop",
         type=float,
         metavar="D",
-        help="the fastest threshold at most D accuracy points below the full model on --split",
+        help="the fastest policy within D points of the full model on --split, read per "
+        "--constraint",
     )
     target.add_argument(
         "--target-speedup",
         type=float,
         metavar="S",
-        help="the most accurate threshold with a layer-count speed-up of at least S",
+        help="the most accurate swept row with a layer-count speed-up of at least S",
+    )
+    target.add_argument(
+        "--constraint",
+        choices=CONSTRAINTS,
+        default=CONSTRAINTS[0],
+        help="agreement: at most D%% of the predictions change from the full model's (bounds "
+        "the accuracy drop by D; holds on test); accuracy: accuracy within D points on the "
+        "split (over-fits a small dev split: 2-7x D on test)",
+    )
+    target.add_argument(
+        "--risk-control",
+        type=float,
+        metavar="DELTA",
+        help="certify that at most D%% of the predictions change, with probability 1 - DELTA "
+        "(Learn-then-Test on the split; conservative)",
+    )
+    target.add_argument(
+        "--head-cost",
+        type=float,
+        default=0.03,
+        metavar="C",
+        help="an exit head's time in layers (about 0.03 for MiniLM-L6 at batch 1 in fp32; "
+        "benchmarks/exit_cost_batch1.py measures yours): per-exit kinds skip the exits that "
+        "do not pay for their head",
     )
     parser.add_argument(
         "--batch-sizes", type=int_list, default=[1, 32], help="comma-separated batch sizes"
     )
     parser.add_argument("--max-examples", type=int, help="use only the first N examples")
-    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (median)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed rounds (median); 0: no timing"
+    )
     parser.add_argument("--head", help="classification head (default: the task's)")
     parser.add_argument("--out", type=Path, help="write the table here (TSV; CSV if *.csv)")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
@@ -122,12 +180,10 @@ def _machine(device: torch.device) -> str:
 
 
 def _progress(message: str) -> None:
-    print(f"[acl-fairseq-sweep] {message}", file=sys.stderr, flush=True)
+    print(f"[{PROG}] {message}", file=sys.stderr, flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _resolve_positionals(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for name in ("checkpoint", "data"):
         positional, option = getattr(args, name), getattr(args, f"{name}_opt")
         if positional and option and positional != option:
@@ -135,81 +191,176 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (positional or option):
             parser.error(f"{name.upper()} is required (positional or --{name})")
         setattr(args, name, positional or option)
-    if args.max_accuracy_drop is not None and args.target_speedup is not None:
-        parser.error("give one of --max-accuracy-drop and --target-speedup, not both")
-    if args.max_accuracy_drop is not None and not args.max_accuracy_drop >= 0:
-        parser.error(f"--max-accuracy-drop must be >= 0 points, got {args.max_accuracy_drop}")
-    if args.target_speedup is not None and not args.target_speedup >= 1:
-        parser.error(f"--target-speedup must be >= 1 (layer-count), got {args.target_speedup}")
+
+
+def _describe(dtype: str, choice: deploy.Choice, entry: dict[str, Any], split: str) -> str:
+    return (
+        f"{dtype}: {choice.policy.spec} ({choice.method}): accuracy {entry['accuracy']:.2f}% "
+        f"(full depth {entry['full_accuracy']:.2f}%), agreement {entry['agreement']:.2f}%, "
+        f"mean exit layer {entry['mean_exit_layer']:.2f}, layer-count speed-up "
+        f"{entry['layer_speedup']:.2f} on {split}"
+    )
+
+
+class Precision:
+    """What the sweep found at one precision: table rows, oracle rows, notes, the choice."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+        self.rows: list[dict[str, Any]] = []
+        self.oracles: list[dict[str, Any]] = []
+        self.note = ""
+        self.choice: deploy.Choice | None = None
+        self.entry: dict[str, Any] | None = None
+
+
+def _policies(args: argparse.Namespace, exits: Any, num_classes: int, thresholds: Any) -> list:
+    """The rows' policies at one precision: the kind's thresholds (from the first precision's
+    pass, so that rows line up) or, for a calibrated kind, its policies at each target."""
+    exit_logits, targets = exits
+    if policy_kind(args.policy).calibrated:
+        drops = sorted({*(args.drops or DEFAULT_DROPS), args.max_accuracy_drop or 0.0})
+        return calibrated_family(
+            args.policy, exit_logits, targets, drops, args.constraint, args.head_cost,
+            args.patience,
+        )  # fmt: skip
+    return [make_policy(args.policy, t) for t in thresholds]
+
+
+def _sweep_precision(
+    args: argparse.Namespace,
+    model: Any,
+    dtype: str,
+    batches: dict[int, list],
+    head: str,
+    num_classes: int,
+    target: deploy.DeployTarget | None,
+    reference: torch.Tensor | None,
+    thresholds: list | None,
+) -> tuple[Precision, list | None]:
+    """Every batch size at ``dtype`` (one ``exit_outputs`` pass each); the curve, the bounds
+    and the choice from the first batch size's pass. Raises ``TargetError``."""
+    out = Precision(dtype)
+    first = args.batch_sizes[0]
+    exit_logits, targets = exits = collect_exits(model, batches[first], head)
+    scores = exit_accuracies(exit_logits, targets)
+    out.note = f"{dtype}:\n\n{format_layer_scores(scores, model.num_layers)}\n"
+    if thresholds is None and not policy_kind(args.policy).calibrated:
+        thresholds = sweep_thresholds(args.thresholds, args.policy, exit_logits, num_classes)
+    policies = _policies(args, exits, num_classes, thresholds)
+    out.oracles = oracle_rows(exit_logits, targets, first, dtype)
+    if target is not None and target.max_accuracy_drop is not None:
+        out.choice = deploy.choose(args.policy, exit_logits, targets, target, split=args.split)
+        if out.choice.policy not in policies:
+            policies.append(out.choice.policy)
+    for size in args.batch_sizes:
+        pass_ = exits if size == first else collect_exits(model, batches[size], head)
+        out.rows += sweep(
+            model, batches[size], policies, head, args.repeats, size, _progress, exits=pass_,
+            dtype=dtype,
+        )  # fmt: skip
+    part = [r for r in out.rows if r["batch_size"] == first]
+    if target is not None and target.target_speedup is not None:
+        out.choice = deploy.choose(args.policy, exit_logits, targets, target, part, args.split)
+    extra: dict[str, Any] = {"batch_size": first}
+    if reference is not None:
+        final = exit_logits[-1][1].argmax(-1).cpu()
+        agree = 100.0 * float(final.eq(reference).double().mean())
+        extra["full_agreement_with_fp32"] = round(agree, 4)
+        out.note += (
+            f"full depth at {dtype}: accuracy {part[0]['accuracy']:.2f}%, agreement with fp32 "
+            f"{agree:.2f}%\n"
+        )
+    if out.choice is not None:
+        value = out.choice.policy.value
+        timed = next(r for r in part[1:] if r["threshold"] == value)
+        if timed["early_ms"] is not None:
+            extra["ms_per_example"] = round(timed["early_ms"], 4)
+            extra["full_ms_per_example"] = round(timed["full_ms"], 4)
+        out.entry = deploy.entry(out.choice, exit_logits, targets, args.head_cost, **extra)
+    return out, thresholds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _resolve_positionals(parser, args)
+    if args.repeats < 0:
+        parser.error(f"--repeats must be >= 0, got {args.repeats}")
+    use_cuda = torch.cuda.is_available() and not args.cpu
     try:
-        if args.thresholds is not None and not isinstance(args.thresholds, Quantiles):
-            check_thresholds(args.policy, args.thresholds)
+        target = check_flags(args, use_cuda)
         check_split(args.data, args.split)
     except ValueError as e:
         parser.error(str(e))
     if not Path(args.checkpoint).is_file():
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
-    use_cuda = torch.cuda.is_available() and not args.cpu
     device = torch.device("cuda" if use_cuda else "cpu")
     try:
         model, task, _ = load_for_inference(args.checkpoint, args.data, device, multi_exit=True)
     except CheckpointError as e:
-        print(f"acl-fairseq-sweep: error: {e}", file=sys.stderr)
+        print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     head = args.head or getattr(task.cfg, "classification_head_name", None) or DEFAULT_HEAD
     num_classes = int(model.classification_heads[head].out_proj.out_features)
     from fairseq import utils
 
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
-    rows: list[dict[str, Any]] = []
-    scores: dict[int, float] | None = None
-    for batch_size in args.batch_sizes:
-        batches = load_batches(
-            task, args.split, batch_size, args.max_examples, device, max_positions
-        )
-        if scores is None:  # one pass over every exit: scores, quantiles, oracle
-            exit_logits, targets = collect_exits(model, batches, head)
-            scores = exit_accuracies(exit_logits, targets)
-            thresholds = sweep_thresholds(args.thresholds, args.policy, exit_logits, num_classes)
-            oracles = oracle_rows(exit_logits, targets, batch_size)
-        rows += sweep(
-            model,
-            batches,
-            args.policy,
-            thresholds,
-            head,
-            args.repeats,
-            batch_size=batch_size,
-            progress=_progress,
-        )
+    batches = {
+        size: load_batches(task, args.split, size, args.max_examples, device, max_positions)
+        for size in args.batch_sizes
+    }
+    reference = None  # fp32 full-depth predictions at the first batch size
+    if args.dtypes != ["fp32"]:
+        with torch.no_grad():
+            reference = torch.cat(
+                [model(t, classification_head_name=head)[0].argmax(-1).cpu()
+                 for t, _ in batches[args.batch_sizes[0]]]
+            )  # fmt: skip
+    found: list[Precision] = []
+    thresholds = None
+    for number, dtype in enumerate(args.dtypes):
+        last = number == len(args.dtypes) - 1
+        model_d = prepare_for_inference(model if last else copy.deepcopy(model), dtype)
+        try:
+            result, thresholds = _sweep_precision(
+                args, model_d, dtype, batches, head, num_classes, target, reference, thresholds
+            )
+        except TargetError as e:
+            print(f"{PROG}: error: {dtype}: {e}", file=sys.stderr)
+            return 2
+        found.append(result)
+        del model_d
 
+    rows = [r for p in found for r in p.rows]
+    oracles = [r for p in found for r in p.oracles]
+    timing = (
+        f"{args.repeats} timed rounds after an untimed warm-up, median; times exclude the warm-up"
+        if args.repeats
+        else "no timing (--repeats 0)"
+    )
     print(
         f"# early-exit sweep: {Path(args.checkpoint).name}, split {args.split} "
         f"({rows[0]['examples']} examples), policy {args.policy}, {model.num_layers} layers, "
         f"exits at {', '.join(map(str, model.shallow_exit_layers))} + {model.num_layers}\n"
-        f"# device: {_machine(device)}; {args.repeats} timed rounds, median\n"
+        f"# device: {_machine(device)}; dtypes {', '.join(args.dtypes)}; {timing}\n"
     )
-    assert scores is not None
-    first = [r for r in rows if r["batch_size"] == args.batch_sizes[0]]
-    rows += oracles
-    print("Accuracy of every exit (one pass over all exits):\n")
-    print(format_layer_scores(scores, model.num_layers) + "\n")
-    print(format_markdown(rows))
+    print(f"Accuracy of every exit (one pass over all exits, batch {args.batch_sizes[0]}):\n")
+    print("\n".join(p.note for p in found))
+    print(format_markdown(rows + oracles))
     if args.out:
-        write_table(rows, args.out)
+        write_table(rows + oracles, args.out)
         print(f"\nwrote {args.out}")
-    if args.max_accuracy_drop is not None or args.target_speedup is not None:
-        try:
-            path, row = choose_and_save(
-                first, args.checkpoint, args.split, args.max_accuracy_drop, args.target_speedup
-            )
-        except TargetError as e:
-            print(f"acl-fairseq-sweep: error: {e}", file=sys.stderr)
-            return 2
+    if target is not None:
+        entries = {p.dtype: p.entry for p in found if p.entry is not None}
+        chosen_by = {"split": args.split, "examples": rows[0]["examples"]}
+        path = deploy.save(args.checkpoint, entries, target, **chosen_by)
+        print("\nchosen (" + ", ".join(f"{k} {v}" for k, v in target.describe().items()) + "):")
+        for p in found:
+            print("  " + _describe(p.dtype, p.choice, p.entry, args.split))
         print(
-            f"\nchosen: {args.policy} {row['threshold']:g} (accuracy {row['accuracy']:.2f}%, "
-            f"layer-count speed-up {row['layer_speedup']:.2f} on {args.split}); wrote {path}: "
-            "acl-fairseq-predict and predict_early_exit use it when no policy is given"
+            f"wrote {path}: acl-fairseq-predict and predict_early_exit use {args.dtypes[0]} "
+            "and its policy when no policy is given (--dtype picks another precision's)"
         )
     return 0
 

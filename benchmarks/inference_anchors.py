@@ -1,0 +1,425 @@
+"""This project's inference against the anchors a user would pick, in one run.
+
+On a multi-exit checkpoint and its data folder, at ``--batch-sizes`` (1, 32) and ``--threads``
+(1, 2), every system classifies the same ``--test`` sentences:
+
+* **HF fp32**: Hugging Face ``transformers`` ``BertModel`` (its default attention, SDPA; or
+  ``--hf-attention eager``) carrying *the checkpoint's own fine-tuned weights* (mapped back
+  from fairseq: word and position embeddings, every layer, the embedding LayerNorm; LayerNorm
+  eps as trained) and the checkpoint's final head (same pooling). Its logits are checked
+  against the fairseq model's before anything is timed. The speed-up column is relative to it.
+* **ORT int8**: that model exported with ``torch.onnx.export`` and quantized with ONNX
+  Runtime's ``quantize_dynamic`` (int8 weights per channel), run by ``onnxruntime`` with the
+  same thread count. Skipped, with the reason, when it is not installed
+  (``pip install -e .[bench]``: onnxruntime, onnx, onnxscript; none of them pulls a torch).
+* **this project** at ``--dtypes fp32,bf16,int8`` (``acl_fairseq.inference_precision``), at
+  full depth and with the deployable policies *chosen on* ``--dev`` at that precision
+  (``acl_fairseq.early_exit.deploy.choose``: for each of ``--kinds``, the fastest policy
+  within ``--max-accuracy-drop`` read per ``--constraint``, as ``acl-fairseq-sweep``
+  deploys it), plus any ``--policies`` given as they are.
+
+Columns: accuracy, agreement with this project's fp32 full-depth predictions, mean exit layer,
+milliseconds per sentence (median of ``--rounds`` interleaved rounds over the split, after an
+untimed first pass per configuration that also gives the accuracy and the exits) and the
+speed-up over HF fp32 (median of the per-round ratios). Timings mean something only on an idle
+machine; ``--out FILE.md`` / ``FILE.csv`` writes the table::
+
+    OMP_NUM_THREADS=2 python benchmarks/inference_anchors.py CKPT DATA --rounds 5 \\
+        --out anchors.md
+    python benchmarks/inference_anchors.py CKPT DATA --max-examples 64 --rounds 1   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+import acl_fairseq  # noqa: F401  (registers the plugin)
+from acl_fairseq.checkpoint.inference import load_for_inference
+from acl_fairseq.data.splits import load_batches
+from acl_fairseq.early_exit import deploy
+from acl_fairseq.early_exit.calibrate import CONSTRAINTS
+from acl_fairseq.early_exit.policies import POLICIES, ExitPolicy, parse_policy
+from acl_fairseq.early_exit.thresholds import TargetError, collect_exits
+from acl_fairseq.hf_bert.state import LAYER_MAP
+from acl_fairseq.inference_precision import check_precision, prepare_for_inference
+from acl_fairseq.models.heads import DEFAULT_HEAD
+
+HEAD = DEFAULT_HEAD
+Run = Callable[[Tensor], tuple[Tensor, Tensor]]  # tokens B x T -> (predictions B, layers B)
+FP32_FULL = ("fp32", "full depth")
+COLUMNS = ("batch", "threads", "system", "policy", "accuracy", "agreement", "mean_exit_layer",
+           "ms", "speedup")  # fmt: skip
+HEADERS = ("batch", "threads", "system", "policy", "accuracy %",
+           "agreement with fp32 full depth %", "mean exit layer", "ms / sentence",
+           "speed-up over HF fp32")  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- HF anchor
+
+
+class HfAnchor(nn.Module):
+    """``transformers.BertModel`` with the fairseq model's weights and final head."""
+
+    def __init__(self, fairseq_model: Any, attention: str = "sdpa") -> None:
+        super().__init__()
+        import transformers
+
+        enc = fairseq_model.encoder.sentence_encoder
+        if enc.layer_norm is not None:
+            raise ValueError("HF anchor: pre-norm models (a final layer norm) are not BERT")
+        layer0 = enc.layers[0]
+        self.pad = int(enc.padding_idx)
+        offset = self.pad + 1  # fairseq positions start after the padding index
+        config = transformers.BertConfig(
+            vocab_size=enc.embed_tokens.weight.shape[0],
+            hidden_size=enc.embed_tokens.weight.shape[1],
+            num_hidden_layers=len(enc.layers),
+            num_attention_heads=layer0.self_attn.num_heads,
+            intermediate_size=layer0.fc1.out_features,
+            max_position_embeddings=enc.embed_positions.weight.shape[0] - offset,
+            type_vocab_size=1,
+            pad_token_id=self.pad,
+            layer_norm_eps=float(layer0.final_layer_norm.eps),
+            hidden_act="gelu",
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+            attn_implementation=attention,
+        )
+        self.bert = transformers.BertModel(config, add_pooling_layer=False).eval()
+        state = {
+            "embeddings.word_embeddings.weight": enc.embed_tokens.weight,
+            "embeddings.position_embeddings.weight": enc.embed_positions.weight[offset:],
+            "embeddings.token_type_embeddings.weight": torch.zeros(1, config.hidden_size),
+            "embeddings.LayerNorm.weight": enc.layernorm_embedding.weight,
+            "embeddings.LayerNorm.bias": enc.layernorm_embedding.bias,
+        }
+        for i, layer in enumerate(enc.layers):
+            params = dict(layer.named_parameters())
+            for hf_name, fs_name in LAYER_MAP.items():
+                for p in ("weight", "bias"):
+                    state[f"encoder.layer.{i}.{hf_name}.{p}"] = params[f"{fs_name}.{p}"]
+        missing, unexpected = self.bert.load_state_dict(
+            {k: v.detach().clone() for k, v in state.items()}, strict=False
+        )
+        if unexpected or [k for k in missing if "position_ids" not in k]:
+            raise RuntimeError(f"HF anchor: missing {missing}, unexpected {unexpected}")
+        self.head = copy.deepcopy(fairseq_model.classification_heads[HEAD])
+        self.eval()
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """B x T ids and mask (1 = token) -> B x K logits."""
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(hidden, padding_mask=attention_mask.eq(0))
+
+
+def hf_runner(anchor: HfAnchor) -> Run:
+    depth = len(anchor.bert.encoder.layer)
+
+    def run(tokens: Tensor) -> tuple[Tensor, Tensor]:
+        logits = anchor(tokens, tokens.ne(anchor.pad).long())
+        return logits.argmax(-1), torch.full((tokens.size(0),), depth)
+
+    return run
+
+
+# ----------------------------------------------------------------------------- ONNX Runtime
+
+
+def ort_int8(anchor: HfAnchor, sample: Tensor, work: Path) -> tuple[Path | None, str]:
+    """``(quantized model path or None, a line saying what happened)``."""
+    try:
+        import onnxruntime
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as e:
+        return None, f"ONNX Runtime int8: skipped, not installed ({e}; pip install -e .[bench])"
+    fp32, int8 = work / "model.onnx", work / "model.int8.onnx"
+    mask = sample.ne(anchor.pad).long()
+    axes = {"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"}}
+    with torch.no_grad():
+        torch.onnx.export(
+            anchor,
+            (sample, mask),
+            str(fp32),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["logits"],
+            dynamic_axes={**axes, "logits": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+    anchor.eval()  # the exporter restores the module's mode: keep it in eval mode
+    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True)
+    return int8, f"ONNX Runtime {onnxruntime.__version__}, int8 dynamic quantization (per channel)"
+
+
+def ort_runner(path: Path, threads: int, pad: int, num_layers: int) -> Run:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    def run(tokens: Tensor) -> tuple[Tensor, Tensor]:
+        feeds = {"input_ids": tokens.numpy(), "attention_mask": tokens.ne(pad).long().numpy()}
+        logits = torch.from_numpy(session.run(["logits"], feeds)[0])
+        return logits.argmax(-1), torch.full((tokens.size(0),), num_layers)
+
+    return run
+
+
+# ----------------------------------------------------------------------------- this project
+
+
+def project_runner(model: Any, policy: ExitPolicy | None) -> Run:
+    """Full depth (``policy=None``) or the early-exit loop (a per-exit policy evaluates only
+    its own exits)."""
+    depth = int(model.num_layers)
+    if policy is None:
+
+        def full(tokens: Tensor) -> tuple[Tensor, Tensor]:
+            logits = model(tokens, classification_head_name=HEAD)[0]
+            return logits.argmax(-1), torch.full((tokens.size(0),), depth)
+
+        return full
+
+    def early(tokens: Tensor) -> tuple[Tensor, Tensor]:
+        result = model.early_exit(tokens, policy, classification_head_name=HEAD)
+        return result.predictions, result.exit_layers
+
+    return early
+
+
+def deployable(
+    models: dict[str, Any],
+    dev_batches: Sequence[tuple[Tensor, Tensor]],
+    kinds: Sequence[str],
+    target: deploy.DeployTarget,
+    dev: str,
+) -> tuple[dict[str, list[tuple[str, ExitPolicy]]], list[str]]:
+    """Per precision, ``[(label, policy chosen on dev)]`` for each kind, and notes (the
+    choices, and the targets a kind cannot meet)."""
+    chosen: dict[str, list[tuple[str, ExitPolicy]]] = {}
+    notes = []
+    for dtype, model in models.items():
+        exit_logits, targets = collect_exits(model, dev_batches, HEAD)
+        chosen[dtype] = []
+        for kind in kinds:
+            try:
+                choice = deploy.choose(kind, exit_logits, targets, target, split=dev)
+            except TargetError as e:
+                notes.append(f"{dtype}, {kind}: {e}")
+                continue
+            chosen[dtype].append((f"{kind} chosen on {dev}", choice.policy))
+            notes.append(f"{dtype}, {kind}: `{choice.policy.spec}` ({choice.method} on {dev})")
+    return chosen, notes
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+class Config(NamedTuple):
+    system: str
+    policy: str
+    run: Run
+
+
+def batches_of(task: Any, split: str, size: int, limit: int | None, pad: int):
+    """``[(tokens, target)]``; at batch 1 each row without its padding."""
+    batches = load_batches(task, split, size if size > 1 else 64, limit)
+    if size > 1:
+        return batches
+    return [
+        (row[row.ne(pad)].unsqueeze(0), label.view(1))
+        for tokens, target in batches
+        for row, label in zip(tokens, target)
+    ]
+
+
+def measure(configs: Sequence[Config], batches, rounds: int) -> list[dict[str, Any]]:
+    """One untimed pass per configuration (predictions, exits), then ``rounds`` interleaved
+    timed rounds over all batches, order alternating. The first configuration is the speed-up's
+    reference (HF fp32)."""
+    targets = torch.cat([t for _, t in batches])
+    results = []
+    with torch.inference_mode():
+        for config in configs:
+            outs = [config.run(tokens) for tokens, _ in batches]
+            preds = torch.cat([p for p, _ in outs])
+            layers = torch.cat([layer for _, layer in outs]).double()
+            results.append({"preds": preds, "layers": layers, "times": []})
+        for r in range(rounds):
+            order = range(len(configs)) if r % 2 == 0 else reversed(range(len(configs)))
+            for i in order:
+                start = time.perf_counter()
+                for tokens, _ in batches:
+                    configs[i].run(tokens)
+                results[i]["times"].append(time.perf_counter() - start)
+    n = int(targets.numel())
+    fp32 = [r["preds"] for c, r in zip(configs, results) if (c.system, c.policy) == FP32_FULL]
+    reference = fp32[0] if fp32 else results[0]["preds"]
+    base = results[0]["times"]
+    rows = []
+    for config, res in zip(configs, results):
+        timed = bool(res["times"])
+        rows.append(
+            {
+                "system": config.system,
+                "policy": config.policy,
+                "accuracy": 100.0 * float(res["preds"].eq(targets).double().mean()),
+                "agreement": 100.0 * float(res["preds"].eq(reference).double().mean()),
+                "mean_exit_layer": float(res["layers"].mean()),
+                "ms": 1000.0 * statistics.median(res["times"]) / n if timed else None,
+                "speedup": (
+                    statistics.median(b / t for b, t in zip(base, res["times"])) if timed else None
+                ),
+            }
+        )
+    return rows
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def format_rows(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown lines of the table (header included)."""
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(k, r[k]) for k in COLUMNS) + " |")
+    return lines
+
+
+def write_rows(rows: Sequence[dict[str, Any]], path: Path, preamble: Sequence[str]) -> None:
+    """The table as CSV (``*.csv``) or Markdown (anything else, with the preamble)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".csv":
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(COLUMNS)
+            for r in rows:
+                writer.writerow(["" if r[k] is None else r[k] for k in COLUMNS])
+        return
+    path.write_text("\n".join([*preamble, "", *format_rows(rows)]) + "\n", encoding="utf-8")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("checkpoint", help="multi-exit fairseq checkpoint")
+    p.add_argument("data", help="its binarized data folder")
+    p.add_argument("--dev", default="valid", help="split the deployable policies are chosen on")
+    p.add_argument("--test", default="test", help="split everything is measured on")
+    p.add_argument("--kinds", default="entropy,per_exit_entropy", help="policy kinds to deploy")
+    p.add_argument("--max-accuracy-drop", type=float, default=1.0, help="their target (points)")
+    p.add_argument("--constraint", choices=CONSTRAINTS, default=CONSTRAINTS[0])
+    p.add_argument("--head-cost", type=float, default=0.03, help="an exit head's cost in layers")
+    p.add_argument(
+        "--policies", default="", help="more policies, as given, separated by spaces or ';'"
+    )
+    p.add_argument("--dtypes", default="fp32,bf16,int8")
+    p.add_argument("--batch-sizes", default="1,32")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds (0: no timing)")
+    p.add_argument("--max-examples", type=int, help="first N sentences of each split")
+    p.add_argument("--hf-attention", default="sdpa", choices=("sdpa", "eager"))
+    p.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
+    p.add_argument("--out", type=Path, help="write the table: Markdown, or CSV for *.csv")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    logging.getLogger("fairseq").setLevel(logging.WARNING)
+    try:
+        extra = [(s, parse_policy(s)) for s in args.policies.replace(";", " ").split() if s]
+        dtypes = [check_precision(d) for d in args.dtypes.split(",") if d.strip()]
+        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        unknown = [k for k in kinds if k not in POLICIES]
+        if unknown:
+            raise ValueError(f"--kinds: unknown {unknown}; kinds: {', '.join(POLICIES)}")
+        target = deploy.DeployTarget(
+            max_accuracy_drop=args.max_accuracy_drop,
+            constraint=args.constraint,
+            head_cost=args.head_cost,
+        )
+        target.check()
+    except ValueError as e:
+        p.error(str(e))
+    model, task, _ = load_for_inference(args.checkpoint, args.data, "cpu", multi_exit=True)
+    pad = task.source_dictionary.pad()
+    anchor = HfAnchor(model, args.hf_attention)
+    check = load_batches(task, args.test, 16, 16)[0][0]
+    with torch.no_grad():
+        expected = model(check, classification_head_name=HEAD)[0]
+        diff = float((anchor(check, check.ne(pad).long()) - expected).abs().max())
+    if diff > 1e-3:
+        raise SystemExit(f"HF anchor and fairseq model disagree (max |logit diff| {diff:.2e})")
+    models = {d: prepare_for_inference(copy.deepcopy(model), d) for d in dtypes}
+    dev_batches = load_batches(task, args.dev, 32, args.max_examples)
+    chosen, notes = deployable(models, dev_batches, kinds, target, args.dev)
+    import transformers
+
+    preamble = [
+        f"# inference anchors: {Path(args.checkpoint).name}, measured on {args.test}, policies "
+        f"chosen on {args.dev} (--max-accuracy-drop {args.max_accuracy_drop:g}, --constraint "
+        f"{args.constraint})",
+        "",
+        f"torch {torch.__version__}, transformers {transformers.__version__}; CPU "
+        f"{os.cpu_count()} cores; HF anchor: BertModel ({args.hf_attention}) with the "
+        f"checkpoint's weights and final head, max |logit - fairseq| = {diff:.1e}",
+        *[f"- {n}" for n in notes],
+    ]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ort_path = None
+        if not args.no_ort:
+            ort_path, note = ort_int8(anchor, check, Path(tmp))
+            preamble.append(note)
+        for threads in _ints(args.threads):
+            torch.set_num_threads(threads)
+            configs = [Config(f"HF fp32 ({args.hf_attention})", "full depth", hf_runner(anchor))]
+            if ort_path is not None:
+                ort = ort_runner(ort_path, threads, pad, model.num_layers)
+                configs.append(Config("ORT int8", "full depth", ort))
+            for d in dtypes:
+                configs.append(Config(d, "full depth", project_runner(models[d], None)))
+                for label, policy in chosen[d] + extra:
+                    configs.append(
+                        Config(d, f"{label}: `{policy.spec}`", project_runner(models[d], policy))
+                    )
+            for size in _ints(args.batch_sizes):
+                batches = batches_of(task, args.test, size, args.max_examples, pad)
+                for row in measure(configs, batches, args.rounds):
+                    rows.append({"batch": size, "threads": threads, **row})
+                print(f"[anchors] batch {size}, {threads} threads done", file=sys.stderr)
+    print("\n".join([*preamble, "", *format_rows(rows)]))
+    if args.out:
+        write_rows(rows, args.out, preamble)
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""benchmarks/inference_anchors.py: the HF anchor carries the fairseq model's weights (same
+logits), and the table's accuracy / agreement / exit columns (no timing is asserted)."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import sys
+
+import pytest
+import torch
+
+from fairseq_helpers import REPO
+from tiny_models import HEAD, build_with_task, random_batch, train_tiny, write_dicts
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import inference_anchors as anchors  # noqa: E402
+
+from acl_fairseq.early_exit.policies import parse_policy  # noqa: E402
+
+
+@pytest.mark.parametrize("pooling", ["first", "mean"])
+def test_hf_anchor_equals_the_fairseq_model(tmp_path, pooling):
+    model, task = build_with_task(write_dicts(tmp_path), extra=("--exit-pooling", pooling))
+    tokens, _ = random_batch(task, 8, seed=2)  # right-padded rows of different lengths
+    anchor = anchors.HfAnchor(model, "eager")
+    pad = task.source_dictionary.pad()
+    with torch.no_grad():
+        expected = model(tokens, classification_head_name=HEAD)[0]
+        got = anchor(tokens, tokens.ne(pad).long())
+        alone = anchor(tokens[:1, : int(tokens[0].ne(pad).sum())], torch.ones(1, 1).long())
+    assert not anchor.training
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert alone.shape == (1, 3)
+
+
+def test_table_rows(tmp_path):
+    model, task = build_with_task(write_dicts(tmp_path))
+    model = train_tiny(model, task, steps=40)
+    tokens, labels = random_batch(task, 48, seed=3)
+    batches = [(tokens[i : i + 16], labels[i : i + 16]) for i in range(0, 48, 16)]
+    policy = parse_policy("per_exit_entropy:1=0.4,3=0.2")
+    hf = anchors.hf_runner(anchors.HfAnchor(model))
+    configs = [
+        anchors.Config("HF fp32 (eager)", "full depth", hf),
+        anchors.Config("fp32", "full depth", anchors.project_runner(model, None)),
+        anchors.Config("fp32", policy.spec, anchors.project_runner(model, policy)),
+    ]  # fmt: skip
+    rows = anchors.measure(configs, batches, rounds=1)
+    untimed = anchors.measure(configs, batches, rounds=0)
+    with torch.no_grad():
+        full = model(tokens, classification_head_name=HEAD)[0].argmax(-1)
+        early = model.early_exit(tokens, policy)  # evaluates exits 1 and 3 only
+    assert rows[0]["accuracy"] == pytest.approx(100.0 * float(full.eq(labels).double().mean()))
+    assert rows[0]["agreement"] == 100.0 and rows[1]["mean_exit_layer"] == 4.0
+    # early exit through the benchmark's runner equals the model's own loop per batch
+    exits = torch.cat([anchors.project_runner(model, policy)(t)[1] for t, _ in batches])
+    assert rows[2]["mean_exit_layer"] == pytest.approx(float(exits.double().mean()))
+    assert set(exits.tolist()) <= {1, 3, 4} and len(set(exits.tolist())) > 1
+    agreement = 100.0 * float(early.predictions.eq(full).double().mean())
+    assert rows[2]["agreement"] == pytest.approx(agreement)
+    assert rows[0]["speedup"] == 1.0 and rows[2]["ms"] > 0
+    assert [r["accuracy"] for r in untimed] == [r["accuracy"] for r in rows]
+    assert untimed[2]["ms"] is None and untimed[2]["speedup"] is None
+
+    table = [{"batch": 32, "threads": 2, **r} for r in rows]
+    lines = anchors.format_rows(table)
+    assert lines[0].startswith("| batch | threads | system | policy | accuracy % |")
+    assert lines[4].startswith(f"| 32 | 2 | fp32 | {policy.spec} | ")
+    anchors.write_rows(table, tmp_path / "t.csv", ["# preamble"])
+    anchors.write_rows(table, tmp_path / "t.md", ["# preamble"])
+    with open(tmp_path / "t.csv") as f:
+        written = list(csv.DictReader(f))
+    assert list(written[0]) == list(anchors.COLUMNS) and len(written) == 3
+    assert float(written[2]["mean_exit_layer"]) == pytest.approx(rows[2]["mean_exit_layer"])
+    assert (tmp_path / "t.md").read_text().splitlines()[2:] == lines
+
+
+def test_policies_chosen_on_dev_meet_the_target_there(tmp_path):
+    """``deployable``: per precision and kind, the policy ``acl-fairseq-sweep`` would deploy
+    (agreement with the full model within the target on dev), or a note why not."""
+    from acl_fairseq.early_exit.calibrate import evaluate
+    from acl_fairseq.early_exit.deploy import DeployTarget
+    from acl_fairseq.early_exit.thresholds import collect_exits
+    from acl_fairseq.inference_precision import prepare_for_inference
+
+    model, task = build_with_task(write_dicts(tmp_path))
+    model = train_tiny(model, task, steps=40)
+    tokens, labels = random_batch(task, 96, seed=4)
+    dev = [(tokens[i : i + 32], labels[i : i + 32]) for i in range(0, 96, 32)]
+    models = {"fp32": model, "int8": prepare_for_inference(copy.deepcopy(model), "int8")}
+    target = DeployTarget(max_accuracy_drop=2.0)
+    chosen, notes = anchors.deployable(models, dev, ["entropy", "per_exit_entropy"], target, "dev")
+    assert len(notes) == 4
+    assert sum(len(c) for c in chosen.values()) >= 2  # not vacuous
+    for dtype, choices in chosen.items():
+        exit_logits, targets = collect_exits(models[dtype], dev, HEAD)
+        for label, policy in choices:
+            assert label.endswith("chosen on dev")
+            result = evaluate(exit_logits, targets, policy)
+            assert result.agreement >= 98.0 - 1e-9 and result.mean_exit_layer < 4.0
+
+
+@pytest.mark.slow
+def test_runs_end_to_end_on_a_checkpoint(sentiment_data, tmp_path, capsys):
+    """The benchmark on a trained multi-exit checkpoint and its data folder: HF fp32 anchor,
+    this project at two precisions, full depth and the policies chosen on dev, both batch
+    sizes; the table as CSV (no ONNX Runtime, one timed round)."""
+    from fairseq_helpers import TINY_MULTI_EXIT, fairseq_train, train_args
+
+    fairseq_train(
+        sentiment_data, tmp_path / "ckpt",
+        *train_args(TINY_MULTI_EXIT, criterion="multi_exit_ce", max_update=24,
+                    no_epoch_checkpoints=True),
+    )  # fmt: skip
+    ckpt = tmp_path / "ckpt" / "checkpoint_last.pt"
+    out = tmp_path / "anchors.csv"
+    assert anchors.main([
+        str(ckpt), str(sentiment_data), "--dev", "valid", "--test", "valid",
+        "--max-examples", "24", "--rounds", "1", "--batch-sizes", "1,8", "--threads", "1",
+        "--dtypes", "fp32,int8", "--max-accuracy-drop", "100", "--no-ort", "--out", str(out),
+    ]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "measured on valid, policies chosen on valid (--max-accuracy-drop 100" in printed
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    systems = [(r["batch"], r["system"], r["policy"].split(":")[0]) for r in rows]
+    for batch in ("1", "8"):
+        assert (batch, "HF fp32 (sdpa)", "full depth") in systems
+        assert (batch, "fp32", "full depth") in systems and (batch, "int8", "full depth") in systems
+        assert (batch, "fp32", "entropy chosen on valid") in systems
+        assert (batch, "int8", "per_exit_entropy chosen on valid") in systems
+    hf = next(r for r in rows if r["system"].startswith("HF") and r["batch"] == "8")
+    fp32 = next(r for r in rows if r["system"] == "fp32" and r["batch"] == "8")
+    assert hf["accuracy"] == fp32["accuracy"]  # the same weights
+    chosen = [r for r in rows if "chosen on valid" in r["policy"]]
+    assert all(float(r["mean_exit_layer"]) == 1.0 for r in chosen)  # the 100-point target
+    assert all(float(r["ms"]) > 0 and float(r["speedup"]) > 0 for r in rows)
