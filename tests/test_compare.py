@@ -341,3 +341,22 @@ def test_report_tables(tmp_path):
         == ("acl", "0.1", "test", "accuracy")
     )  # fmt: skip
     assert (float(row["mean"]), float(row["std"]), row["n"]) == (76.0, 2.0, "3")
+
+
+def test_test_accuracy_counts_every_example(tmp_path):
+    """fairseq drops a last batch whose size is not a multiple of --required-batch-size-multiple
+    (default 8): 30 test examples at batch 64 would be scored on 24. compare (and the README's
+    fairseq-validate) pass 1."""
+    import numpy as np
+    from fairseq.data import data_utils
+
+    def scored(multiple: int) -> int:
+        batches = data_utils.batch_by_size(np.arange(30), lambda i: 10, max_sentences=64,
+                                           required_batch_size_multiple=multiple)  # fmt: skip
+        return sum(len(b) for b in batches)
+
+    assert (scored(8), scored(1)) == (24, 30)
+    command = runner.validate_command(_opts(tmp_path), tmp_path / "checkpoint_best.pt")
+    assert _flag(command, "--required-batch-size-multiple") == "1"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert "--batch-size 32 --required-batch-size-multiple 1" in readme

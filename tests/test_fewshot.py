@@ -167,7 +167,8 @@ def test_fewshot_end_to_end_on_tiny_data(tmp_path, capfd):
             "--lrs", "1e-3,3e-3", "--updates", "4", "--validate-every", "2", "--batch-size", "4",
             *TINY, "--out", out]  # fmt: skip
     assert fewshot_cli.main([str(a) for a in argv]) == 0
-    printed = capfd.readouterr().out
+    first = capfd.readouterr()
+    printed = first.out
     records = json.loads((out / "fewshot.json").read_text())
     assert {(r["draw"], r["method"]) for r in records} == {(1, "ce"), (1, "acl"), (2, "ce"),
                                                            (2, "acl")}  # fmt: skip
@@ -192,6 +193,7 @@ def test_fewshot_end_to_end_on_tiny_data(tmp_path, capfd):
     table = (out / "fewshot.md").read_text()
     assert "### 4 examples per class (2 draws; dev of the same size, test 30)" in table
     assert "| ACL − CE |" in table and table in printed
+    assert "DEBUG" not in first.out + first.err  # logging as the user gets it
     # a re-run trains nothing (compare is resumable) and gives the same table
     assert fewshot_cli.main([str(a) for a in argv]) == 0
     again = capfd.readouterr().out

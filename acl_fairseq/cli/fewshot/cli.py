@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
+import os
 import shlex
 import subprocess
 import sys
@@ -266,6 +268,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    level = os.environ.get("LOGLEVEL", "INFO").upper()
+    logging.getLogger().setLevel(level)  # importing fairseq set the root logger to DEBUG
     try:
         table = run(args, argv)
     except (FewshotError, DataError) as e:
