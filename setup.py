@@ -31,6 +31,7 @@ setup(
             "acl-fairseq-plots = acl_fairseq.cli.plots:main",
             "acl-fairseq-demo = acl_fairseq.cli.demo:main",
             "acl-fairseq-study = acl_fairseq.cli.study:main",
+            "acl-fairseq-fewshot = acl_fairseq.cli.fewshot:main",
         ]
     },
 )

@@ -12,27 +12,29 @@ import re
 import numpy as np
 from fairseq.data import data_utils
 
+from .checkpoint.training_data import dictionary_labels as _labels
+from .data.splits import raw_files
+
 logger = logging.getLogger(__name__)
 
 
-def _labels(d) -> list[str]:
-    """The labels of a label dictionary (no special symbols, no unused padding symbols)."""
-    return [
-        d.symbols[i]
-        for i in range(d.nspecial, len(d))
-        if d.count[i] > 0 and d.symbols[i] != "<mask>"
-    ]
-
-
-def check_num_classes(num_classes: int, label_dictionary, data: str) -> None:
-    """Fails fast when ``--num-classes`` disagrees with ``label/dict.txt``."""
+def check_num_classes(num_classes: int, label_dictionary, data: str, loading: bool = False) -> None:
+    """Fails fast when ``--num-classes`` disagrees with ``label/dict.txt`` (``loading``: the
+    checkpoint's class count, when a checkpoint is loaded on ``data`` for inference)."""
     labels = _labels(label_dictionary)
-    if len(labels) != num_classes:
+    if len(labels) == num_classes:
+        return
+    listed = f"{', '.join(labels[:10])}{'...' if len(labels) > 10 else ''}"
+    if loading:
         raise ValueError(
-            f"--num-classes {num_classes} does not match {data}/label/dict.txt, which lists "
-            f"{len(labels)} labels ({', '.join(labels[:10])}{'...' if len(labels) > 10 else ''}); "
-            f"pass --num-classes {len(labels)}"
+            f"the checkpoint classifies into {num_classes} classes, but {data}/label/dict.txt "
+            f"lists {len(labels)} labels ({listed}): give the prepared data folder it was "
+            "trained on (acl-fairseq-predict --data, from_pretrained(data_name_or_path=...))"
         )
+    raise ValueError(
+        f"--num-classes {num_classes} does not match {data}/label/dict.txt, which lists "
+        f"{len(labels)} labels ({listed}); pass --num-classes {len(labels)}"
+    )
 
 
 # ----------------------------------------------------------------------- data checks
@@ -41,10 +43,17 @@ def check_dictionaries(cfg) -> None:
     layout = (
         "--task acl_sentence_prediction reads DATA/input0/ (the inputs), DATA/label/ (the "
         "labels) and, for sentence pairs, DATA/input1/, each binarized with fairseq-preprocess "
-        "--only-source (scripts/prepare_glue.py writes this layout)"
+        "--only-source (acl-fairseq-prepare writes this layout)"
     )
     path = os.path.join(cfg.data, "input0", "dict.txt")
     if not os.path.exists(path):
+        raw = raw_files(cfg.data)
+        if raw:
+            raise FileNotFoundError(
+                f"{cfg.data} holds raw files ({raw}), not binarized data: prepare it first "
+                "with acl-fairseq-prepare (--task custom --train ... for your own TSV files, "
+                "--glue-dir ... for GLUE) and train on the OUT/TASK-bin folder it writes"
+            )
         raise FileNotFoundError(f"{path} not found: {layout}. Is {cfg.data} the data directory?")
     path = os.path.join(cfg.data, "label", "dict.txt")
     if not cfg.regression_target and not os.path.exists(path):

@@ -5,6 +5,8 @@ not exist or is a folder, a Hugging Face or non-fairseq file passed as a checkpo
 checkpoint of another vocabulary or architecture; and resuming keeps working.
 """
 
+import argparse
+import io
 import logging
 import re
 from pathlib import Path
@@ -80,6 +82,16 @@ def test_restore_file_that_is_a_folder(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(IsADirectoryError, match=re.escape(CONVERTER)):
         check_restore_file(restore_cfg(tmp_path / "ck", str(tmp_path)))
+    # the converter's own output folder (model.pt next to its config.json and vocab.txt)
+    for name in ("model.pt", "fairseq_args.txt", "vocab.txt"):
+        (tmp_path / name).write_text("")
+    with pytest.raises(IsADirectoryError) as info:
+        check_restore_file(restore_cfg(tmp_path / "ck", str(tmp_path)))
+    assert str(info.value) == (
+        f"--restore-file (checkpoint.restore_file) {tmp_path} is a folder: pass the checkpoint "
+        f"file inside it, --restore-file {tmp_path / 'model.pt'} with the model flags in "
+        f"{tmp_path / 'fairseq_args.txt'}"
+    )
 
 
 def test_restore_file_with_a_model_parallel_suffix(tmp_path):
@@ -125,6 +137,7 @@ def test_resuming_keeps_working(sentiment_data, tmp_path):
     assert trained_updates(out)[-1] == 3
     out = fairseq_train(sentiment_data, save_dir, *args[:-1], "4", "--restore-file", str(last))
     assert f"Loaded checkpoint {last} (epoch 1 @ 3 updates)" in out
+    assert trained_updates(out) == [4]
 
 
 # ------------------------------------------------------- 2. not a fairseq checkpoint
@@ -179,12 +192,42 @@ def test_plain_tensor_dict_is_not_a_fairseq_checkpoint(tmp_path):
     assert "it holds a Tensor, not a dict" in load_fails(path)
 
 
-def test_a_broken_file_keeps_torchs_error(tmp_path):
-    path = tmp_path / "model.pt"
-    path.write_bytes(b"not a torch file at all")
-    with pytest.raises(Exception) as info:
-        checkpoint_utils.load_checkpoint_to_cpu(str(path))
-    assert "Hugging Face" not in str(info.value) and NOT_FAIRSEQ not in str(info.value)
+def test_an_empty_truncated_or_foreign_file_is_named(tmp_path, tiny_state):
+    """No torch traceback, no bare EOFError, no advice to turn the safe loading off."""
+    whole = tmp_path / "whole.pt"
+    torch.save(tiny_state, whole)
+    cases = {
+        "empty.pt": (b"", "is empty (0 bytes)"),
+        "truncated.pt": (whole.read_bytes()[:3000], "is truncated: an incomplete torch archive "
+                         "of 3,000 bytes"),
+        "random.pt": (bytes(range(256)) * 20, "is not a torch file (5,120 bytes that are "
+                      "neither a torch archive nor a pickle)"),
+        "page.pt": (b"<!DOCTYPE html><html>Not Found</html>", "is a text file (37 bytes; a "
+                    "failed download?), not a torch file"),
+    }  # fmt: skip
+    for name, (content, what) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        assert load_fails(path) == (
+            "the checkpoint (--restore-file, --finetune-from-model, --path or from_pretrained): "
+            f"{path} {what}, so it cannot be loaded: copy or download it again (or train it "
+            "again)"
+        )
+    # the same through acl-fairseq-predict, before any data folder is needed
+    from acl_fairseq.cli.predict import cli as predict
+
+    err = io.StringIO()
+    assert predict.main([str(tmp_path / "empty.pt")], io.StringIO("x"), io.StringIO(), err) == 2
+    assert err.getvalue() == (
+        f"acl-fairseq-predict: error: checkpoint: {tmp_path / 'empty.pt'} is empty (0 bytes), so "
+        "it cannot be loaded: copy or download it again (or train it again)\n"
+    )
+
+
+@pytest.fixture
+def tiny_state():
+    """A dict shaped like a fairseq checkpoint, big enough to be cut."""
+    return {"model": {"w": torch.randn(64, 64)}, "cfg": None, "args": None}
 
 
 @pytest.mark.slow
@@ -240,7 +283,9 @@ def test_restore_file_with_another_vocabulary(sentiment_data, tmp_path, tiny_che
         f"{data}/input0/dict.txt). The data was binarized with another dictionary than the "
         "checkpoint's: binarize it again with fairseq-preprocess --srcdict",
     )
-    assert f"Cannot load model parameters from checkpoint {tiny_checkpoint}" in out
+    assert (
+        out.rstrip().splitlines()[-1].startswith("acl_fairseq.checkpoint.fits.CheckpointMismatch")
+    )
 
 
 @pytest.mark.slow
@@ -276,7 +321,8 @@ def test_restore_file_of_another_architecture(
         message="cannot load the checkpoint (--restore-file, --finetune-from-model or --path): "
         + message,
     )
-    assert f"Cannot load model parameters from checkpoint {tiny_checkpoint}" in out
+    # fairseq's "Cannot load model parameters ... architectures match" does not end the output
+    assert "CheckpointMismatch: cannot load the checkpoint" in out.rstrip().splitlines()[-1]
 
 
 def test_checkpoint_check_leaves_classification_heads_and_legacy_names_alone():
@@ -300,3 +346,98 @@ def test_checkpoint_check_leaves_classification_heads_and_legacy_names_alone():
     check_checkpoint_fits(ckpt, own, "DATA", strict=False)
     with pytest.raises(ValueError, match="it has 2 encoder layers, this model 1"):
         check_checkpoint_fits(ckpt, own, "DATA")
+
+
+# ------------------------------------------------------- 4. a reused --save-dir
+def run_cfg(criterion="acl_embed", lr=1e-3, data="DATA", **criterion_fields) -> dict:
+    """The parts of a fairseq config (as a checkpoint saves it) that make a run another run."""
+    return {
+        "criterion": {"_name": criterion, "contrastive_lambda": 0.5, **criterion_fields},
+        "optimizer": {"_name": "adam"},
+        "optimization": {"lr": [lr], "max_update": 2},
+        "lr_scheduler": {"_name": "fixed"},
+        "model": argparse.Namespace(arch="roberta", encoder_layers=2),  # a legacy model's
+        "task": {"_name": "acl_sentence_prediction", "data": data, "num_classes": 2},
+    }
+
+
+def resume_cfg(save_dir: Path, restore="checkpoint_last.pt", reset_optimizer=False):
+    return SimpleNamespace(save_dir=str(save_dir), restore_file=restore,
+                           reset_optimizer=reset_optimizer)  # fmt: skip
+
+
+def test_a_save_dir_of_another_run_is_refused(tmp_path):
+    from acl_fairseq.checkpoint.resume import check_resume
+
+    last = tmp_path / "checkpoint_last.pt"
+    check_resume(run_cfg(), resume_cfg(tmp_path))  # nothing saved yet
+    torch.save({"cfg": run_cfg(), "model": {}}, last)
+    same = run_cfg()
+    same["optimization"]["max_update"] = 10  # training longer is resuming
+    check_resume(same, resume_cfg(tmp_path))
+    other = run_cfg("ce_scl", lr=5e-5, contrastive_lambda=0.1)
+    with pytest.raises(ValueError) as info:
+        check_resume(other, resume_cfg(tmp_path))
+    assert str(info.value) == (
+        f"--save-dir {tmp_path} holds {last}, saved by an earlier run with other settings "
+        "(--criterion acl_embed -> ce_scl; --contrastive-lambda 0.5 -> 0.1; --lr [0.001] -> "
+        "[5e-05]), and the default --restore-file would resume that run: its optimizer state and "
+        f"updates, not the run asked for. Pass --restore-file {last} to resume it anyway, "
+        "--reset-optimizer to start a new optimization from its weights, or another --save-dir "
+        "to start afresh"
+    )
+    with pytest.raises(ValueError, match=r"other settings \(DATA .*DATA -> .*elsewhere\)"):
+        check_resume(run_cfg(data=str(tmp_path / "elsewhere")), resume_cfg(tmp_path))
+    # the command says what is meant: resume it as it is, or a new optimization from it
+    check_resume(other, resume_cfg(tmp_path, restore=str(last)))
+    check_resume(other, resume_cfg(tmp_path, reset_optimizer=True))
+
+
+@pytest.mark.slow
+def test_reusing_a_save_dir_through_fairseq_train(sentiment_data, tmp_path):
+    save_dir = tmp_path / "ck"
+    fairseq_train(sentiment_data, save_dir, *TRAIN, *ACL)
+    other = [*TRAIN, *STOCK_CE, "--lr", "5e-4", "--max-update", "3"]
+    out = fails_with(
+        sentiment_data,
+        save_dir,
+        *other,
+        message=f"ValueError: --save-dir {save_dir} holds {save_dir / 'checkpoint_last.pt'}, "
+        "saved by an earlier run with other settings (--criterion acl_embed -> "
+        "sentence_prediction",
+    )
+    assert not trained_updates(out)
+    out = fairseq_train(sentiment_data, save_dir, *other, "--reset-optimizer")
+    assert f"Loaded checkpoint {save_dir / 'checkpoint_last.pt'}" in out  # its weights,
+    assert trained_updates(out) == [1, 2, 3]  # a new optimization with the new settings
+    last = save_dir / "checkpoint_last.pt"  # named: resumed as it is, another lr or not
+    out = fairseq_train(sentiment_data, save_dir, *TRAIN, *STOCK_CE, "--lr", "1e-4",
+                        "--restore-file", str(last), "--max-update", "4")  # fmt: skip
+    assert f"Loaded checkpoint {last} (epoch 1 @ 3 updates)" in out
+    assert trained_updates(out) == [4]
+
+
+@pytest.mark.slow
+def test_hydra_names_the_model_flags_last(sentiment_data, tmp_path, tiny_checkpoint):
+    """fairseq-hydra-train without the model's overrides: the last line says what differs."""
+    from fairseq_helpers import BIN, REPO, run
+
+    cmd = [
+        str(BIN / "fairseq-hydra-train"), "--config-dir", str(REPO / "configs" / "finetuning"),
+        "--config-name", "sst_2", f"task.data={sentiment_data}",
+        f"checkpoint.save_dir={tmp_path / 'ck'}", f"checkpoint.restore_file={tiny_checkpoint}",
+        "common.cpu=true", "common.fp16=false", "dataset.num_workers=0",
+        "optimization.max_update=1", f"common.user_dir={REPO / 'acl_fairseq'}",
+    ]  # fmt: skip
+    with pytest.raises(AssertionError, match="command failed") as info:
+        run(cmd)
+    lines = [x for x in str(info.value).splitlines() if x.strip()]
+    last = next(x for x in reversed(lines) if not x.startswith("Set the environment variable"))
+    assert last == (
+        "acl_fairseq.checkpoint.fits.CheckpointMismatch: cannot load the checkpoint "
+        "(--restore-file, --finetune-from-model or --path): its embeddings have 32 dimensions, "
+        "this model's 768 (--encoder-embed-dim / --arch must match the checkpoint's). With "
+        "fairseq-hydra-train the model flags are overrides (model._name=..., "
+        "++model.encoder_layers=..., task.max_positions=...): configs/README.md turns a "
+        "converted BERT's fairseq_args.txt into them"
+    )

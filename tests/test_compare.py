@@ -132,6 +132,7 @@ def _opts(tmp_path, *extra):
     opts.arch_args = plan.read_arch_args(None, opts.arch_args)
     opts.extra_args = shlex.split(opts.extra)
     opts.num_classes, opts.n_train, opts.cpu = 2, 100, True
+    opts.note = plan.plan_epochs(opts)  # as main does once the examples are counted
     return opts
 
 
@@ -195,6 +196,40 @@ def test_train_commands(tmp_path):
     run_ = plan.Run("ce_scl", 1, 0.5)
     assert "--acl-grad" not in runner.train_command(run_, plain, tmp_path)
     assert "--restore-file" not in runner.train_command(plan.Run("ce", 1, None), plain, tmp_path)
+
+
+def test_max_update_sets_the_epochs_it_needs(tmp_path):
+    """--max-update without --epochs trains that many updates (48 examples, batch 16: 3 per
+    epoch, so 20 epochs for 60 updates); with --epochs too few, a note says so."""
+    opts = _opts(tmp_path, "--max-update", "60", "--batch-size", "16")
+    opts.n_train, opts.epochs = 48, None
+    assert plan.plan_epochs(opts) is None and opts.epochs == 20
+    assert plan.total_updates(opts) == 60
+    command = runner.train_command(plan.Run("ce", 1, None), opts, tmp_path)
+    assert _flag(command, "--max-epoch") == "20" and _flag(command, "--max-update") == "60"
+    assert _flag(command, "--total-num-update") == "60"
+    opts = _opts(tmp_path, "--max-update", "10", "--extra", "--update-freq 2")
+    assert opts.epochs == 3 and plan.total_updates(opts) == 10  # 4 updates per epoch
+    opts = _opts(tmp_path, "--max-update", "60", "--epochs", "2")
+    assert opts.epochs == 2 and plan.total_updates(opts) == 14
+    assert opts.note == (
+        "note: --epochs 2 ends every run after 14 updates (7 per epoch), before --max-update "
+        "60; leave --epochs out to train the --max-update updates"
+    )
+    assert _opts(tmp_path).epochs == 1 and _opts(tmp_path).note is None  # neither: 1 epoch
+
+
+def test_compare_prints_the_max_update_plan(tmp_path, capsys):
+    """The header line of a dry run: 60 updates on 48 examples, not 2."""
+    data = _fake_data(tmp_path / "data", n_train=48)
+    argv = [str(data), "--arch-args", " ".join(TINY_ROBERTA), "--methods", "ce", "--seeds", "1",
+            "--max-update", "60", "--dry-run", "--out", str(tmp_path / "R")]  # fmt: skip
+    assert compare_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "1 runs (ce-seed1) of 60 updates each (48 training examples, batch 16, 20 epoch(s))" in (
+        out
+    )
+    assert "--max-epoch 20 --max-update 60" in out
 
 
 def test_a_best_checkpoint_from_another_update_than_the_best_dev_record_stops(tmp_path):
@@ -306,3 +341,22 @@ def test_report_tables(tmp_path):
         == ("acl", "0.1", "test", "accuracy")
     )  # fmt: skip
     assert (float(row["mean"]), float(row["std"]), row["n"]) == (76.0, 2.0, "3")
+
+
+def test_test_accuracy_counts_every_example(tmp_path):
+    """fairseq drops a last batch whose size is not a multiple of --required-batch-size-multiple
+    (default 8): 30 test examples at batch 64 would be scored on 24. compare (and the README's
+    fairseq-validate) pass 1."""
+    import numpy as np
+    from fairseq.data import data_utils
+
+    def scored(multiple: int) -> int:
+        batches = data_utils.batch_by_size(np.arange(30), lambda i: 10, max_sentences=64,
+                                           required_batch_size_multiple=multiple)  # fmt: skip
+        return sum(len(b) for b in batches)
+
+    assert (scored(8), scored(1)) == (24, 30)
+    command = runner.validate_command(_opts(tmp_path), tmp_path / "checkpoint_best.pt")
+    assert _flag(command, "--required-batch-size-multiple") == "1"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert "--batch-size 32 --required-batch-size-multiple 1" in readme

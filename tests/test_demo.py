@@ -1,11 +1,24 @@
-"""The demo's fine-tuning commands: the recipe's, with the precision asked for."""
+"""The demo: its fine-tuning commands (the recipe's, with the precision asked for), and ``make
+demo`` (``acl-fairseq-demo``) end to end in its own process, on a tiny BERT and tiny sentences
+put where the demo caches its downloads: every step runs, and the output has no DEBUG line and
+no argument namespace dump."""
+
+from __future__ import annotations
 
 import argparse
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from acl_fairseq.cli.demo import cli as demo
 from acl_fairseq.recipe import flag_value
+
+from fairseq_helpers import NEGATIVE, NEUTRAL, POSITIVE, REPO
+from tiny_bert import tiny_bert
 
 
 @pytest.mark.parametrize("autocast", ["none", "bf16"])
@@ -28,3 +41,35 @@ def test_demo_trains_with_the_autocast_asked_for(tmp_path, monkeypatch, autocast
     (cmd,) = commands
     assert flag_value(cmd, "--autocast") == (None if autocast == "none" else "bf16")
     assert flag_value(cmd, "--criterion") == "acl_embed" and flag_value(cmd, "--seed") == "1"
+
+
+def snippets(path: Path, n: int) -> None:
+    """``id<TAB>score<TAB>text`` as the movie-review snippets file has them."""
+    rng = random.Random(0)
+    lines = []
+    for i in range(n):
+        positive = i % 2 == 0
+        words = rng.sample(POSITIVE if positive else NEGATIVE, 3) + rng.sample(NEUTRAL, 4)
+        rng.shuffle(words)
+        lines.append(f"{i}\t{'2.1' if positive else '-1.7'}\t{' '.join(words)} .\n")
+    path.write_text("".join(lines), encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
+    work = tmp_path / "demo_work"
+    tiny_bert(work / "minilm-hf")  # the demo's download folders, filled: nothing is fetched
+    snippets(work / "movieReviewSnippets_GroundTruth.txt", 160)
+    env = {k: v for k, v in os.environ.items() if k != "LOGLEVEL"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "acl_fairseq.cli.demo", "--work-dir", str(work),
+           "--train", "64", "--dev", "32", "--test", "32", "--sweep-examples", "16"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    for step in range(1, 8):
+        assert f"=== {step}/7 " in output
+    assert "| ACL + ACL-CL stage 2 |" in output
+    assert "acl-fairseq-predict: 5 sentences, " in output
+    assert "DEBUG" not in output
+    assert "Namespace(" not in output

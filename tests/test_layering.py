@@ -41,7 +41,17 @@ def test_imported_modules_resolves_relative_imports():
 
 def test_every_tool_is_a_package_of_one_shape():
     assert TOOLS == sorted(
-        ["compare", "convert_bert", "demo", "plots", "predict", "prepare", "study", "sweep"]
+        [
+            "compare",
+            "convert_bert",
+            "demo",
+            "fewshot",
+            "plots",
+            "predict",
+            "prepare",
+            "study",
+            "sweep",
+        ]  # fmt: skip
     )
     for tool in TOOLS:
         assert (PACKAGE / "cli" / tool / "cli.py").is_file(), tool

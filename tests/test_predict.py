@@ -24,6 +24,9 @@ MULTI_EXIT = train_args(
     TINY_MULTI_EXIT, criterion="multi_exit_ce", max_update=12, no_epoch_checkpoints=True
 )
 PLAIN = train_args(criterion="sentence_prediction", max_update=1, no_epoch_checkpoints=True)
+STAGE1 = train_args(
+    TINY_MULTI_EXIT, criterion="acl_embed", max_update=1, no_epoch_checkpoints=True
+) + ["--exit-layers", "none"]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +84,8 @@ def test_predictions_equal_the_models_on_the_binarized_split(trained, policy) ->
     if policy in (None, "patience:0"):  # full depth; patience 0 leaves at the first exit
         assert set(layers) == ({4} if policy is None else {1})
     mean = sum(layers) / len(layers)
-    assert f"{len(lines)} sentences, " in err and "sentences/s" in err
+    assert f"{len(lines)} sentences, " in err
+    assert "sentences/s (timed after one warm-up forward)" in err
     assert f"mean exit layer {mean:.2f} of 4" in err
     # input order: one sentence alone gives the line it got in the batch (same prediction)
     for i in (0, 17, len(lines) - 1):
@@ -126,6 +130,44 @@ def test_tsv_file_header_and_errors(trained, tmp_path: Path) -> None:
         assert code == 0 and out.split("\t")[0] == plain.split("\t")[0]
     finally:
         old.rename(trained["data"])
+
+
+def test_a_stage1_checkpoint_refuses_a_policy(trained) -> None:
+    """A multi-exit model without shallow exits (--exit-layers none, as stage 1 and the demo's
+    CE run are): a policy would be ignored, so it is refused, by the command and the hub."""
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+
+    fairseq_train(trained["data"], trained["root"] / "stage1", *STAGE1)
+    ckpt = trained["root"] / "stage1/checkpoint_last.pt"
+    code, _, err = run_predict(ckpt, "--policy", "entropy:0.3", stdin="x")
+    assert code == 2
+    assert err == (
+        f"acl-fairseq-predict: error: --policy entropy:0.3: {ckpt} holds a multi-exit model "
+        "without shallow exits (trained with --exit-layers none, as stage 1 is), so only full "
+        "depth is possible: drop --policy, or use a stage-2 checkpoint (a multi-exit criterion, "
+        "--arch multi_exit_roberta*, whose exits were trained)\n"
+    )
+    code, out, err = run_predict(ckpt, stdin="Good1 good2 w3.\n")
+    assert code == 0 and out.split("\t")[2] == "4\n"
+    hub = MultiExitRobertaModel.from_pretrained(str(ckpt.parent), ckpt.name, str(trained["data"]))
+    tokens = hub.encode("Good1 good2 w3.")
+    with pytest.raises(ValueError, match="policy 'entropy:0.3' given, but the model has no "):
+        hub.predict_early_exit(DEFAULT_HEAD, tokens, "entropy:0.3")
+    assert hub.predict_early_exit(DEFAULT_HEAD, tokens).exit_layers.tolist() == [4]
+
+
+def test_input_that_is_not_utf8(trained, tmp_path) -> None:
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("a fine film\nun film charmant, très réussi\n".encode("latin-1"))
+    code, out, err = run_predict(trained["ckpt"], "--input", latin1)
+    assert code == 2 and out == ""
+    assert err == (
+        f"acl-fairseq-predict: error: --input {latin1} line 2: not valid UTF-8 (at character "
+        "21): the input must be UTF-8 text; convert it first, e.g. iconv -f latin1 -t utf-8 FILE\n"
+    )
+    # stdin as Python decodes undecodable bytes (surrogateescape): a lone surrogate
+    code, _, err = run_predict(trained["ckpt"], stdin="good\nbad \udce9 bytes\n")
+    assert code == 2 and "error: stdin line 2: not valid UTF-8 (at character 5)" in err
 
 
 def test_single_exit_checkpoint_full_depth_only(trained) -> None:

@@ -6,11 +6,15 @@ import re
 
 import torch
 
-__all__ = ["check_checkpoint_fits", "load_state_dict_checked"]
+__all__ = ["CheckpointMismatch", "check_checkpoint_fits", "load_state_dict_checked"]
 
 _CHECKPOINT = "cannot load the checkpoint (--restore-file, --finetune-from-model or --path)"
 _EMBED = "encoder.sentence_encoder.embed_tokens.weight"
 _LAYER = re.compile(r"encoder\.sentence_encoder\.layers\.(\d+)\.")
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint of another vocabulary or architecture than the model built."""
 
 
 def load_state_dict_checked(model, state_dict, *args, **kwargs):
@@ -26,7 +30,8 @@ def _num_layers(keys) -> int:
 
 
 def check_checkpoint_fits(state_dict, model_state, data: str, strict: bool = True) -> None:
-    """Raises a ValueError that names the flag when a RoBERTa-style checkpoint does not fit.
+    """Raises a ``CheckpointMismatch`` naming the flag when a RoBERTa-style checkpoint does
+    not fit.
 
     Only cases torch would reject anyway: a different vocabulary, embedding size, layer count
     (when loading strictly) or tensor shape. Classification heads are left to RoBERTa's own
@@ -45,11 +50,11 @@ def check_checkpoint_fits(state_dict, model_state, data: str, strict: bool = Tru
     if _EMBED in ckpt and _EMBED in own and ckpt[_EMBED].shape != own[_EMBED].shape:
         (cv, cd), (mv, md) = ckpt[_EMBED].shape, own[_EMBED].shape
         if cd != md:
-            raise ValueError(
+            raise CheckpointMismatch(
                 f"{_CHECKPOINT}: its embeddings have {cd} dimensions, this model's {md} "
                 "(--encoder-embed-dim / --arch must match the checkpoint's)"
             )
-        raise ValueError(
+        raise CheckpointMismatch(
             f"{_CHECKPOINT}: its vocabulary has {cv} entries, this model's {mv} (from "
             f"{data}/input0/dict.txt). The data was binarized with another dictionary than the "
             "checkpoint's: binarize it again with fairseq-preprocess --srcdict <the "
@@ -57,7 +62,7 @@ def check_checkpoint_fits(state_dict, model_state, data: str, strict: bool = Tru
         )
     layers_ckpt, layers_own = _num_layers(ckpt), _num_layers(own)
     if strict and layers_ckpt and layers_own and layers_ckpt != layers_own:
-        raise ValueError(
+        raise CheckpointMismatch(
             f"{_CHECKPOINT}: it has {layers_ckpt} encoder layers, this model {layers_own} "
             "(--encoder-layers / --arch must match the checkpoint's)"
         )
@@ -67,7 +72,7 @@ def check_checkpoint_fits(state_dict, model_state, data: str, strict: bool = Tru
             if k.endswith("embed_positions.weight"):
                 # learned positions: max_positions + padding_idx + 1 rows
                 hint = f"--max-positions: {ckpt[k].shape[0] - 2} in the checkpoint"
-            raise ValueError(
+            raise CheckpointMismatch(
                 f"{_CHECKPOINT}: {k} is {tuple(ckpt[k].shape)} in the checkpoint but "
                 f"{tuple(v.shape)} in this model ({hint})"
             )

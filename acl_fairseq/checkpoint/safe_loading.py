@@ -19,18 +19,23 @@ criterion (fairseq's own ``sentence_prediction`` too, once ``--user-dir acl_fair
 """
 
 import argparse
+import contextlib
 import contextvars
 import functools
 import logging
 import os
 import pickle
+import zipfile
 
 import numpy as np
 import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-__all__ = ["install", "SAFE_GLOBALS", "check_restore_file"]
+from .fits import CheckpointMismatch
+from .resume import check_resume
+
+__all__ = ["install", "SAFE_GLOBALS", "check_restore_file", "damaged", "named_as"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +62,18 @@ _SOURCE = contextvars.ContextVar(
     "acl_fairseq_checkpoint_source",
     default="the checkpoint (--restore-file, --finetune-from-model, --path or from_pretrained)",
 )
+
+
+@contextlib.contextmanager
+def named_as(source: str):
+    """Within the block, loading errors name the file as ``source`` (e.g. ``the checkpoint``)."""
+    token = _SOURCE.set(source)
+    try:
+        yield
+    finally:
+        _SOURCE.reset(token)
+
+
 _HF_BERT_PREFIXES = ("bert.", "embeddings.", "encoder.layer.", "pooler.", "cls.")
 
 
@@ -109,6 +126,34 @@ def diagnose(path: str) -> str | None:
     return _not_fairseq_message(path, f"a dict without a 'model' key; its keys: {shown or 'none'}")
 
 
+def damaged(path: str) -> str | None:
+    """Why ``path`` cannot be a torch file at all (empty, truncated, other bytes), or None."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    if size == 0:
+        return "is empty (0 bytes)"
+    if head.startswith(b"PK\x03\x04"):  # torch's zip format
+        if not zipfile.is_zipfile(path):
+            return f"is truncated: an incomplete torch archive of {size:,} bytes"
+        return None  # a whole archive: what failed is inside (torch's message says what)
+    if head.startswith(b"\x80"):  # a pickle: the legacy torch format
+        return None
+    if all(32 <= b < 127 or b in b"\t\r\n" for b in head):  # printable: an error page?
+        return f"is a text file ({size:,} bytes; a failed download?), not a torch file"
+    return f"is not a torch file ({size:,} bytes that are neither a torch archive nor a pickle)"
+
+
+def _damaged_message(path: str, what: str) -> str:
+    return (
+        f"{_SOURCE.get()}: {path} {what}, so it cannot be loaded: copy or download it again "
+        "(or train it again)"
+    )
+
+
 def _check_loadable(load_fn):
     @functools.wraps(load_fn)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
@@ -118,10 +163,15 @@ def _check_loadable(load_fn):
             try:
                 return load_fn(path, *args, **kwargs)
             except Exception as e:
-                why = diagnose(path) if PathManager.isfile(path) else None
+                if not PathManager.isfile(path):
+                    raise
+                what = damaged(path)
+                if what is not None:
+                    raise ValueError(_damaged_message(path, what)) from None
+                why = diagnose(path)
                 if why is not None:
                     raise ValueError(why) from e
-                if isinstance(e, pickle.UnpicklingError):
+                if isinstance(e, pickle.UnpicklingError) and "Unsupported global" in str(e):
                     raise pickle.UnpicklingError(
                         f"{path}: this checkpoint holds objects outside the set that "
                         f"acl_fairseq allows for fairseq checkpoints ({e}). If you trust the "
@@ -159,13 +209,7 @@ def check_restore_file(cfg, suffix: str | None = "") -> str | None:
         return path  # the default's file, named explicitly: nothing to resume yet
     named = restore if path == restore else f"{restore} (read as {path})"
     if PathManager.exists(path):
-        hf = any(PathManager.exists(os.path.join(path, f)) for f in ("config.json", "vocab.txt"))
-        fix = (
-            f"it holds a Hugging Face model: convert it with `{CONVERTER}` and pass "
-            "--restore-file OUTDIR/model.pt"
-            if hf
-            else "pass the checkpoint file inside it (e.g. model.pt or checkpoint_best.pt)"
-        )
+        fix = _folder_fix(path)
         raise IsADirectoryError(
             f"--restore-file (checkpoint.restore_file) {named} is a folder: {fix}"
         )
@@ -177,13 +221,55 @@ def check_restore_file(cfg, suffix: str | None = "") -> str | None:
     )
 
 
+def _folder_fix(path: str) -> str:
+    """What to pass instead of the folder ``path`` as ``--restore-file``."""
+    names = ("model.pt", "checkpoint_best.pt", "checkpoint_last.pt")
+    inside = [os.path.join(path, f) for f in names if PathManager.isfile(os.path.join(path, f))]
+    if inside:
+        flags = os.path.join(path, "fairseq_args.txt")
+        with_flags = f" with the model flags in {flags}" if PathManager.isfile(flags) else ""
+        return f"pass the checkpoint file inside it, --restore-file {inside[0]}{with_flags}"
+    hf = any(PathManager.exists(os.path.join(path, f)) for f in ("config.json", "vocab.txt"))
+    if hf:
+        return (
+            f"it holds a Hugging Face model: convert it with `{CONVERTER}` and pass "
+            "--restore-file OUTDIR/model.pt"
+        )
+    return "pass the checkpoint file inside it (e.g. model.pt or checkpoint_best.pt)"
+
+
+def _hydra_hint() -> str:
+    """Under fairseq-hydra-train: where the model flags' overrides are described."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return ""
+    except ImportError:
+        return ""
+    return (
+        ". With fairseq-hydra-train the model flags are overrides (model._name=..., "
+        "++model.encoder_layers=..., task.max_positions=...): configs/README.md turns a "
+        "converted BERT's fairseq_args.txt into them"
+    )
+
+
 def _check_restore(load_fn):
     @functools.wraps(load_fn)
     def load_checkpoint(cfg, trainer, **kwargs):
-        check_restore_file(cfg, getattr(trainer, "checkpoint_suffix", ""))
+        suffix = getattr(trainer, "checkpoint_suffix", "")
+        check_restore_file(cfg, suffix)
+        if getattr(trainer, "cfg", None) is not None:
+            check_resume(trainer.cfg, cfg, suffix)  # a reused --save-dir of another run
         token = _SOURCE.set("--restore-file (checkpoint.restore_file)")
         try:
             return load_fn(cfg, trainer, **kwargs)
+        except Exception as e:
+            # fairseq's trainer replaces any loading error by "Cannot load model parameters
+            # ... ensure that the architectures match": ours says which flag, so it goes last
+            if isinstance(e.__context__, CheckpointMismatch):
+                raise CheckpointMismatch(f"{e.__context__}{_hydra_hint()}") from None
+            raise
         finally:
             _SOURCE.reset(token)
 

@@ -1,10 +1,12 @@
-"""The binarized splits of a prepared data folder (``DATA/input0``, ``DATA/label``): whether a
-split is there, how many examples and classes it has, and its first examples as evaluation
-batches in a fixed order."""
+"""The splits of a data folder: raw rows drawn into few-shot splits (k per class, a dev of the
+same size from the rest of the pool), and the binarized splits of a prepared folder
+(``DATA/input0``, ``DATA/label``): whether a split is there, how many examples and classes it
+has, and its first examples as evaluation batches in a fixed order."""
 
 from __future__ import annotations
 
 import math
+import random
 import struct
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,65 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["check_split", "count_classes", "count_examples", "load_batches"]
+__all__ = [
+    "DEV_SEED_OFFSET",
+    "check_split",
+    "count_classes",
+    "count_examples",
+    "fewshot_train",
+    "fewshot_train_dev",
+    "load_batches",
+    "raw_files",
+    "split_off",
+]
+
+DEV_SEED_OFFSET = 10_000  # the dev draw's seed: never one of a training draw
+Row = tuple[str, ...]  # the text(s) of an example, its label last
+
+
+def fewshot_train(train: list[Row], per_class: int, seed: int) -> list[Row]:
+    """``per_class`` rows of each label (the last field) drawn with ``seed``, in a shuffled
+    order. ``ValueError`` when a label has fewer rows."""
+    rng = random.Random(seed)
+    chosen: list[Row] = []
+    for label in sorted({row[-1] for row in train}):
+        pool = [row for row in train if row[-1] == label]
+        if per_class > len(pool):
+            raise ValueError(f"{per_class} examples per class asked, {label} has {len(pool)}")
+        chosen += rng.sample(pool, per_class)
+    rng.shuffle(chosen)
+    return chosen
+
+
+def fewshot_train_dev(pool: list[Row], per_class: int, seed: int) -> tuple[list[Row], list[Row]]:
+    """A few-shot training set (:func:`fewshot_train`) and a dev set of the same size drawn
+    from the rest of ``pool`` (disjoint: no row of the training set, duplicates included), as
+    a user with ``2 x per_class`` labelled examples per class would split them."""
+    train = fewshot_train(pool, per_class, seed)
+    taken = set(train)
+    rest = [row for row in pool if row not in taken]
+    return train, fewshot_train(rest, per_class, DEV_SEED_OFFSET + seed)
+
+
+def split_off(rows: list[Row], size: int, seed: int = 0) -> tuple[list[Row], list[Row]]:
+    """``(rest, held_out)``: ``size`` rows drawn with ``seed`` held out (e.g. a test split),
+    both in the rows' order."""
+    if not 0 < size < len(rows):
+        raise ValueError(f"cannot hold out {size} of {len(rows)} rows")
+    held = set(random.Random(seed).sample(range(len(rows)), size))
+    return [r for i, r in enumerate(rows) if i not in held], [rows[i] for i in sorted(held)]
+
+
+def raw_files(data: str | Path) -> str:
+    """Up to three TSV files in ``data`` or, when it has none, in its subfolders (a GLUE
+    download), comma-joined; '' when there are none."""
+    data = Path(data)
+    if not data.is_dir():
+        return ""
+    found = sorted(p.name for p in data.glob("*.tsv"))
+    if not found:
+        found = sorted(f"{p.parent.name}/{p.name}" for p in data.glob("*/*.tsv"))
+    return ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
 
 
 def check_split(data: str | Path, split: str) -> None:

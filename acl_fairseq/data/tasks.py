@@ -153,6 +153,8 @@ class SplitData:
     labels: list[str] | None
     line_numbers: list[int] = field(default_factory=list)
     extra_field_rows: int = 0
+    field_counts: Counter[int] = field(default_factory=Counter)  # tab-separated fields per row
+    rows_read: int = 0  # data lines, good and bad
 
     def __len__(self) -> int:
         return len(self.line_numbers)
@@ -254,6 +256,9 @@ def read_split(
     )
     bad: list[BadRow] = []
     for line_number, fields in iter_tsv(path, split.header):
+        data.rows_read += 1
+        if fields is not None:
+            data.field_counts[len(fields)] += 1
         texts, label, reason = check_row(fields, split, task)
         if reason is not None:
             bad.append(BadRow(path, line_number, reason))
@@ -295,6 +300,8 @@ def load_task(task: TaskSpec, glue_dir: Path | None) -> tuple[list[SplitData], l
         if spec.kind == "test" and missing_test:
             continue
         data, split_bad = read_split(path, spec, task, name)
+        if splits:
+            check_same_layout(task, splits[0], task.splits[0], data, spec)
         if data.labels is not None and not task.regression:
             if spec.kind == "train":
                 train_labels.update(data.labels)
@@ -302,7 +309,9 @@ def load_task(task: TaskSpec, glue_dir: Path | None) -> tuple[list[SplitData], l
                 data, unseen = _drop_unseen_labels(data, train_labels)
                 split_bad.extend(unseen)
         if len(data) == 0:
-            raise DataError(f"{task.name}: {path} has no usable rows")
+            raise DataError(f"{task.name}: {no_usable_rows(data, split_bad, spec)}")
+        if spec.kind == "train":
+            check_header_row(task, spec, data)
         if data.extra_field_rows:
             logger.warning(
                 "%s: %d rows of %s have more than %d fields; columns are taken by position",
@@ -314,6 +323,81 @@ def load_task(task: TaskSpec, glue_dir: Path | None) -> tuple[list[SplitData], l
         splits.append(data)
         bad.extend(split_bad)
     return splits, bad
+
+
+def no_usable_rows(data: SplitData, bad: Sequence[BadRow], spec: SplitSpec) -> str:
+    """Why a file gave no example: empty, or each reason its rows were rejected for."""
+    if data.rows_read == 0:
+        return f"{data.path} has no data line" + (" after its header" if spec.header else "")
+    reasons = Counter(_reason_kind(row.reason) for row in bad)
+    first = {}
+    for row in bad:
+        first.setdefault(_reason_kind(row.reason), row)
+    listed = "; ".join(
+        f"{n} row(s): {first[kind].reason} (e.g. line {first[kind].line})"
+        for kind, n in reasons.most_common(3)
+    )
+    columns = ",".join(map(str, spec.text_columns))
+    return (
+        f"none of the {data.rows_read} rows of {data.path} is usable: {listed}. Check "
+        f"--text-columns {columns}, --label-column {spec.label_column}"
+        f"{', --labels' if spec.label_column else ''} and --header against the file"
+    )
+
+
+def _reason_kind(reason: str) -> str:
+    """A reason without its values (``label 'x' is not one of ...`` -> ``label``)."""
+    return reason.split("'")[0].split(":")[0].strip()
+
+
+def check_header_row(task: TaskSpec, spec: SplitSpec, data: SplitData) -> None:
+    """A header line read as data: without ``--header`` the first line's label (the label
+    column's name, e.g. ``label``) would become a class of its own. Raised when that label
+    occurs on no other line of the training file and the labels are not given (``--labels``)."""
+    if spec.header or task.labels is not None or task.regression or data.labels is None:
+        return
+    if len(data) < 2 or data.line_numbers[0] != 1:
+        return
+    first = data.labels[0]
+    if data.labels.count(first) > 1:
+        return
+    raise DataError(
+        f"{task.name}: {data.path} line 1 has the label {first!r}, which no other line has: "
+        "it looks like a header line (the column names). Pass --header to skip it; if "
+        f"{first!r} is a real class with one example, list every label with --labels"
+    )
+
+
+def _header(path: Path) -> list[str]:
+    with open(path, "rb") as f:
+        line = f.readline().decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r\n")
+    return [name.strip().lower() for name in line.split("\t")]
+
+
+def check_same_layout(
+    task: TaskSpec, train: SplitData, train_spec: SplitSpec, data: SplitData, spec: SplitSpec
+) -> None:
+    """A labelled file laid out unlike the training file (another header, another number of
+    columns) is read by the same column numbers, so from the wrong columns: raised for tasks
+    of one's own files (GLUE's official files differ on purpose, e.g. MNLI's dev)."""
+    if train_spec.num_fields is not None or spec.label_column is None:
+        return
+    if not train.field_counts or not data.field_counts:
+        return
+    columns = train.field_counts.most_common(1)[0][0]
+    found = data.field_counts.most_common(1)[0][0]
+    if found != columns:
+        raise DataError(
+            f"{task.name}: {data.path} has {found} tab-separated columns, {train.path} has "
+            f"{columns}: both are read with the same --text-columns / --label-column, so one "
+            "of them would be read from the wrong columns. Give files of one layout"
+        )
+    if spec.header and train_spec.header and _header(data.path) != _header(train.path):
+        raise DataError(
+            f"{task.name}: the header of {data.path} ({' | '.join(_header(data.path))}) is not "
+            f"the header of {train.path} ({' | '.join(_header(train.path))}): the columns may "
+            "be in another order. Give files of one layout"
+        )
 
 
 def _drop_unseen_labels(data: SplitData, known: set[str]) -> tuple[SplitData, list[BadRow]]:

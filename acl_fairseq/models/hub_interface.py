@@ -23,11 +23,16 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
     in eval mode without gradients. ``default_policy`` (an ``ExitPolicy`` or a ``parse_policy``
     string; ``None`` = full depth) is what ``predict_early_exit`` uses without a policy;
     ``from_pretrained`` sets it from the checkpoint's ``early_exit_policy.json`` when there is
-    one (the policy chosen at the hub's ``dtype``).
+    one (the policy chosen at the hub's ``dtype``). ``label_names`` (set by ``from_pretrained``)
+    names the classes in the model's order: the label list the checkpoint recorded at training,
+    else its data folder's; it names the predictions of ``predict_early_exit``
+    (``result.labels``). ``num_inputs`` is 2 for a sentence-pair model.
     """
 
     default_policy: ExitPolicy | str | None = None
     example_encoder: ExampleEncoder | None = None
+    label_names: list[str] | None = None
+    num_inputs: int | None = None
     dtype: str = "fp32"
     """The precision the model runs at (``from_pretrained(..., dtype=...)``)."""
 
@@ -36,6 +41,12 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
         (``example_encoder``, set by ``from_pretrained``): exactly as the training data,
         ``--init-token`` / ``--separator-token`` and length rules included
         (``acl_fairseq.data.text_encoder``); otherwise as ``RobertaHubInterface.encode``."""
+        texts = 1 + len(addl_sentences)
+        if self.num_inputs is not None and texts != self.num_inputs:
+            kind = "a sentence-pair" if self.num_inputs == 2 else "a single-sentence"
+            raise ValueError(
+                f"hub.encode: {texts} text(s) for {kind} model ({self.num_inputs} input(s))"
+            )
         if self.example_encoder is None or no_separator:
             return super().encode(sentence, *addl_sentences, no_separator=no_separator)
         return self.example_encoder.encode([sentence, *addl_sentences], where="hub.encode")
@@ -69,13 +80,26 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
             policy: an ``ExitPolicy`` or a string for ``parse_policy`` (``"entropy:0.3"``);
                 ``None``: ``self.default_policy``, or full depth when that is ``None`` too.
         Returns:
-            ``EarlyExitResult(predictions B, exit_layers B, logits B x K)``.
+            ``EarlyExitResult(predictions B, exit_layers B, logits B x K, labels)``, ``labels``
+            the predictions' names when ``label_names`` is set.
+        Raises:
+            ValueError: a policy given for a model without shallow exits (``--exit-layers
+                none``, as stage 1 is): it could only run full depth.
         """
+        if policy is not None and not self.model.shallow_exit_layers:
+            raise ValueError(
+                f"predict_early_exit: policy {policy!r} given, but the model has no shallow "
+                "exit (trained with --exit-layers none, as stage 1 is): only full depth is "
+                "possible; pass no policy, or load a stage-2 checkpoint"
+            )
         if policy is None:
             policy = self.default_policy or EntropyPolicy(0.0)  # entropy 0: full depth
         tokens = self._batch(tokens)
         with utils.model_eval(self.model), torch.no_grad():
-            return self.model.early_exit(tokens, as_policy(policy), classification_head_name=head)
+            result = self.model.early_exit(tokens, as_policy(policy), classification_head_name=head)
+        if self.label_names is None:
+            return result
+        return result._replace(labels=[self.label_names[int(p)] for p in result.predictions])
 
     def exit_logits(self, head: str, tokens: Tensor) -> dict[int, Tensor]:
         """Logits of every exit, ``{layer: B x K}`` ordered by layer (last = final head)."""

@@ -32,6 +32,7 @@ from fairseq.models.roberta.model import (
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
+from ..checkpoint.training_data import checked_labels
 from ..data.prepared import META_FILE
 from ..data.text_encoder import ExampleEncoder, TextEncoder
 from ..early_exit.loop import run_early_exit
@@ -160,7 +161,10 @@ class MultiExitRobertaModel(RobertaModel):
         ``bpe="recorded"`` (the default): a data folder written by ``acl-fairseq-prepare``
         (``prepare_glue.json``) gives its tokenizer, so ``hub.encode(text)`` (``text_a,
         text_b`` for pairs) encodes as the training data (``acl_fairseq.data.text_encoder``);
-        other folders get fairseq's ``gpt2``. Any other value goes to fairseq. An
+        other folders get fairseq's ``gpt2``. Any other value goes to fairseq. The folder is
+        checked against the data the checkpoint recorded at training (labels, pairs, text
+        encoding: ``acl_fairseq.checkpoint.training_data``, a ``ValueError`` naming both);
+        ``hub.label_names`` names the classes. An
         ``early_exit_policy.json`` next to the checkpoint (``acl-fairseq-sweep
         --max-accuracy-drop D``) becomes the hub's ``default_policy``. ``dtype`` (``fp32``,
         ``bf16``, ``int8``; default: that file's, else fp32) is the precision the model runs
@@ -195,6 +199,12 @@ class MultiExitRobertaModel(RobertaModel):
                 "multi_exit_roberta model"
             )
         hub = MultiExitRobertaHubInterface(x["args"], task, model)
+        checkpoint = os.path.join(model_name_or_path, checkpoint_file)
+        found = checked_labels(task, data, checkpoint, "data_name_or_path")  # DataMismatch
+        for note in found.notes:
+            logger.warning(note)
+        hub.label_names = found.labels
+        hub.num_inputs = 2 if os.path.isdir(os.path.join(data, "input1")) else 1
         if text is not None:
             hub.bpe = text
             max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())

@@ -28,3 +28,4 @@ class EarlyExitResult(NamedTuple):
     predictions: Tensor  # B, long: argmax of the exit's logits
     exit_layers: Tensor  # B, long: 1-based layer of the exit each example left at
     logits: Tensor  # B x K: logits of that exit
+    labels: list[str] | None = None  # B label names (the hub's ``predict_early_exit``)

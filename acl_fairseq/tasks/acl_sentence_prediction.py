@@ -33,6 +33,7 @@ from fairseq.tasks.sentence_prediction import SentencePredictionConfig, Sentence
 
 from ..acl_grad import AclGrad, AclGradCriterion, AclGradLogConfig
 from ..checkpoint.fits import load_state_dict_checked
+from ..checkpoint.training_data import record_training_data
 from ..distributed import DataParallelConfig, check_unused_parameters
 from ..input_checks import check_dictionaries, check_lengths, check_num_classes, check_split_files
 from ..precision import AutocastConfig, check_autocast, forward_precision
@@ -101,8 +102,10 @@ class AclSentencePredictionTask(SentencePredictionTask):
         check_autocast(cfg)
         check_dictionaries(cfg)
         task = super().setup_task(cfg, **kwargs)
+        loading = bool(kwargs.get("from_checkpoint"))  # loading a checkpoint, not training
         if not cfg.regression_target:
-            check_num_classes(cfg.num_classes, task.label_dictionary, cfg.data)
+            check_num_classes(cfg.num_classes, task.label_dictionary, cfg.data, loading)
+        record_training_data(task, loading)  # the data folder and labels, in the checkpoint
         return task
 
     def load_dataset(self, split, combine=False, **kwargs):

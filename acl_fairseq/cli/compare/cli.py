@@ -81,6 +81,7 @@ from pathlib import Path
 from acl_fairseq.cli.compare.plan import (
     COMPARE_METHODS,
     parse_list,
+    plan_epochs,
     plan_runs,
     read_arch_args,
     total_updates,
@@ -127,8 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--lr", type=float, default=5e-5, help="peak learning rate (Adam)")
     p.add_argument("--batch-size", type=int, default=16, help="sentences per update")
-    p.add_argument("--epochs", type=int, default=1, help="epochs of every run (each stage)")
-    p.add_argument("--max-update", type=int, help="stop every run after this many updates")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        help="epochs of every run (each stage); default: enough for --max-update, else 1",
+    )
+    p.add_argument(
+        "--max-update",
+        type=int,
+        help="stop every run after this many updates (without --epochs: as many epochs as "
+        "that takes)",
+    )
     p.add_argument(
         "--warmup-percent", type=int, default=6, help="warm-up updates, in percent of the total"
     )
@@ -237,6 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(str(e)) from None
     if not opts.cpu and not opts.dry_run and not _cuda_available():
         opts.cpu = True
+    note = plan_epochs(opts)
     try:
         runs = plan_runs(opts.methods, opts.seeds, opts.contrastive_lambda, opts.lambdas)
     except ValueError as e:
@@ -248,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"epoch(s)) -> {opts.out}",
         flush=True,
     )
+    if note:
+        print(note)
     if added:
         print(f"added stage-1 runs for the multi-exit methods: {', '.join(added)}")
     if "ce_scl" in opts.methods and not opts.ce_scl_plain:

@@ -137,11 +137,31 @@ def run_extra_args(run: Run, opts: argparse.Namespace) -> list[str]:
     return args
 
 
+def updates_per_epoch(opts: argparse.Namespace) -> int:
+    """Optimizer updates of one epoch (``--batch-size``, ``--update-freq`` in ``--extra``)."""
+    update_freq = int((flag_value(opts.extra_args, "--update-freq") or "1").split(",")[0])
+    return math.ceil(math.ceil(opts.n_train / opts.batch_size) / update_freq)
+
+
+def plan_epochs(opts: argparse.Namespace) -> str | None:
+    """Sets ``opts.epochs`` when it was not given: enough epochs for ``--max-update`` updates,
+    else 1. Returns a line to print when ``--epochs`` stops the runs before ``--max-update``."""
+    per_epoch = updates_per_epoch(opts)
+    if opts.epochs is None:
+        opts.epochs = math.ceil(opts.max_update / per_epoch) if opts.max_update else 1
+        return None
+    if opts.max_update and opts.epochs * per_epoch < opts.max_update:
+        return (
+            f"note: --epochs {opts.epochs} ends every run after {opts.epochs * per_epoch} "
+            f"updates ({per_epoch} per epoch), before --max-update {opts.max_update}; leave "
+            "--epochs out to train the --max-update updates"
+        )
+    return None
+
+
 def total_updates(opts: argparse.Namespace, run: Run | None = None) -> int:
     """Optimizer updates of one run (for the polynomial schedule and the progress)."""
-    update_freq = int((flag_value(opts.extra_args, "--update-freq") or "1").split(",")[0])
-    batches = math.ceil(opts.n_train / opts.batch_size)
-    updates = run_epochs(run, opts) * math.ceil(batches / update_freq)
+    updates = run_epochs(run, opts) * updates_per_epoch(opts)
     if opts.max_update:
         updates = min(updates, opts.max_update)
     return max(1, updates)

@@ -126,6 +126,7 @@ def validate_command(opts: argparse.Namespace, checkpoint: Path) -> list[str]:
         "--task", "acl_sentence_prediction", "--criterion", "sentence_prediction",
         "--path", str(checkpoint),
         "--valid-subset", opts.test_subset, "--batch-size", str(opts.eval_batch_size),
+        "--required-batch-size-multiple", "1",  # fairseq drops a last batch of another size
         *(["--cpu"] if opts.cpu else []), "--num-workers", "0", "--log-format", "json",
     ]  # fmt: skip
 

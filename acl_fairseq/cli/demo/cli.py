@@ -162,6 +162,7 @@ def evaluate(data: Path, checkpoint: Path, criterion: str, subset: str = "test")
             str(BIN / "fairseq-validate"), str(data), "--user-dir", str(USER_DIR),
             "--task", "acl_sentence_prediction", "--criterion", criterion, "--no-acl-grad",
             "--path", str(checkpoint), "--valid-subset", subset, "--batch-size", "64",
+            "--required-batch-size-multiple", "1",  # else fairseq drops the last examples
             "--cpu", "--num-workers", "0", "--log-format", "json",
         ],
         capture_output=True, text=True, check=True,

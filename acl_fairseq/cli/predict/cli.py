@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from acl_fairseq.checkpoint.inference import CheckpointError, load_for_inference
+from acl_fairseq.checkpoint.training_data import DataMismatch, checked_labels
 from acl_fairseq.cli.predict.inputs import (
     PredictError,
     encode_rows,
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="prepared data folder (default: the checkpoint's own)")
     p.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
     return p
+
+
+def shallow_exits(model: Any) -> tuple[int, ...]:
+    """The layers of a model's shallow exits (none for plain RoBERTa or ``--exit-layers none``)."""
+    return tuple(getattr(model, "shallow_exit_layers", ()) if hasattr(model, "early_exit") else ())
 
 
 def num_layers(model: Any) -> int:
@@ -182,33 +188,43 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     policy, described, dtype = choose_policy(args.policy, args.checkpoint, args.dtype)
     if not Path(args.checkpoint).is_file():
         raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
+    source = "stdin" if args.input == "-" else args.input
+    rows = read_rows(read_input(args.input, stdin), source, columns, args.header)  # early
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     try:
-        model, task, data = load_for_inference(args.checkpoint, args.data, device, dtype=dtype)
-    except CheckpointError as e:
+        model, task, data = load_for_inference(
+            args.checkpoint, args.data, device, dtype=dtype, label_order=False
+        )
+        found = checked_labels(task, data, args.checkpoint)
+    except (CheckpointError, DataMismatch) as e:
         raise PredictError(str(e)) from None
+    for note in found.notes:
+        stderr.write(f"{PROG}: note: {note}\n")
     if args.head not in model.classification_heads:
         heads = ", ".join(sorted(model.classification_heads)) or "none"
         raise PredictError(f"--head {args.head}: not in {args.checkpoint} (heads: {heads})")
     regression = bool(getattr(task.cfg, "regression_target", False))
-    if (
-        args.policy is None
-        and policy is not None
-        and (regression or not hasattr(model, "early_exit"))
-    ):
+    one_exit = not shallow_exits(model)
+    if args.policy is None and policy is not None and (regression or one_exit):
         policy, described = None, "full depth (the saved policy needs a multi-exit classifier)"
+    if policy is not None and one_exit:
+        what = (
+            f"a {type(model).__name__} with one exit"
+            if not hasattr(model, "early_exit")
+            else "a multi-exit model without shallow exits (trained with --exit-layers none, "
+            "as stage 1 is)"
+        )
+        raise PredictError(
+            f"--policy {args.policy}: {args.checkpoint} holds {what}, so only full depth is "
+            "possible: drop --policy, or use a stage-2 checkpoint (a multi-exit criterion, "
+            "--arch multi_exit_roberta*, whose exits were trained)"
+        )
     stderr.write(f"{PROG}: policy: {described}\n{PROG}: dtype: {dtype}\n")
-    if policy is not None and hasattr(model, "early_exit"):
+    if policy is not None:
         try:
             policy.exits(model.shallow_exit_layers)
         except ValueError as e:
             raise PredictError(f"--policy: {e}") from None
-    if policy is not None and not hasattr(model, "early_exit"):
-        raise PredictError(
-            f"--policy {args.policy}: {args.checkpoint} holds a {type(model).__name__} with "
-            "one exit, so only full depth is possible: drop --policy (or train a multi-exit "
-            "model, --arch multi_exit_roberta*)"
-        )
     if regression and policy is not None:
         raise PredictError("--policy: early exit needs a classification (not regression) model")
     from fairseq import utils
@@ -221,33 +237,34 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
             f"--data {data}: {e} (the raw text is encoded with the tokenizer recorded at "
             "preparation)"
         ) from None
-    source = "stdin" if args.input == "-" else args.input
-    rows = read_rows(read_input(args.input, stdin), source, columns, args.header)
     if columns is None and encoder.num_inputs == 2:
         raise PredictError(
             f"{args.checkpoint} is a sentence-pair model: give a TSV with --text-columns 1,2"
         )
     examples = encode_rows(encoder, rows, source)
 
+    pad = encoder.dictionary.pad()
+    if examples:  # the first forwards pay one-time costs (threads, the padded path): untimed
+        by_length = sorted(examples, key=len)
+        warm_up = [by_length[0], by_length[-1]][: min(2, args.batch_size, len(examples))]
+        run_batches(model, warm_up, policy, args.head, args.batch_size, pad, device)
     start = time.perf_counter()
-    results = run_batches(
-        model, examples, policy, args.head, args.batch_size, encoder.dictionary.pad(), device
-    )
+    results = run_batches(model, examples, policy, args.head, args.batch_size, pad, device)
     seconds = time.perf_counter() - start
-    labels = task.label_dictionary
+    names = found.labels
     divisor = float(read_meta(data).get("label_divisor") or 1.0) if regression else 1.0
     for index, prob, layer, value in results:
-        if regression:  # the score in the units of the raw labels; no probability
+        if regression or names is None:  # the score in the units of the raw labels
             stdout.write(f"{value * divisor:.4g}\t-\t{layer}\n")
         else:
-            stdout.write(f"{labels[index + labels.nspecial]}\t{prob:.4f}\t{layer}\n")
+            stdout.write(f"{names[index]}\t{prob:.4f}\t{layer}\n")
     stdout.flush()
     mean_layer = sum(r[2] for r in results) / len(results) if results else 0.0
     rate = len(results) / seconds if seconds > 0 else float("inf")
     label = described.split()[0] if policy is not None else "full depth"
     stderr.write(
-        f"{PROG}: {len(results)} sentences, {rate:.1f} sentences/s, mean exit layer "
-        f"{mean_layer:.2f} of {num_layers(model)} ({label})\n"
+        f"{PROG}: {len(results)} sentences, {rate:.1f} sentences/s (timed after one warm-up "
+        f"forward), mean exit layer {mean_layer:.2f} of {num_layers(model)} ({label})\n"
     )
     return 0
 

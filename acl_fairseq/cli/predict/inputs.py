@@ -63,13 +63,42 @@ def read_rows(
 
 
 def read_input(path: str, stdin: TextIO) -> list[str]:
-    """The lines of ``--input`` (``-``: stdin)."""
+    """The lines of ``--input`` (``-``: stdin), which must be UTF-8 (the line that is not is
+    named)."""
     if path == "-":
-        return stdin.readlines()
+        buffer = getattr(stdin, "buffer", None)
+        if buffer is not None:
+            return decode_lines(buffer.read(), "stdin")
+        lines = stdin.readlines()
+        for number, line in enumerate(lines, start=1):
+            try:
+                line.encode("utf-8")  # undecodable bytes arrive as lone surrogates
+            except UnicodeEncodeError as e:
+                raise PredictError(_not_utf8("stdin", number, e.start)) from None
+        return lines
     if not Path(path).is_file():
         raise PredictError(f"--input {path}: no such file")
-    with open(path, encoding="utf-8") as f:
-        return f.readlines()
+    return decode_lines(Path(path).read_bytes(), f"--input {path}")
+
+
+def _not_utf8(source: str, line: int, column: int) -> str:
+    return (
+        f"{source} line {line}: not valid UTF-8 (at character {column + 1}): the input must be "
+        "UTF-8 text; convert it first, e.g. iconv -f latin1 -t utf-8 FILE"
+    )
+
+
+def decode_lines(data: bytes, source: str) -> list[str]:
+    """``data`` split into lines (kept ends) and decoded as UTF-8 (a BOM is dropped)."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    lines = []
+    for number, raw in enumerate(data.splitlines(keepends=True), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise PredictError(_not_utf8(source, number, e.start)) from None
+    return lines
 
 
 def encode_rows(encoder: ExampleEncoder, rows: Sequence[InputRow], source: str) -> list[Tensor]:

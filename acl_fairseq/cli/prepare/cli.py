@@ -65,7 +65,7 @@ from pathlib import Path
 
 from acl_fairseq.data.binarize import Options, prepare_tasks
 from acl_fairseq.data.tasks import GLUE_TASKS, DataError, TaskSpec, resolve_tasks, tsv_task
-from acl_fairseq.data.tokenizers import TOKENIZERS, TokenizerConfig
+from acl_fairseq.data.tokenizer_flags import add_tokenizer_arguments, tokenizer_config
 
 logger = logging.getLogger("prepare_glue")
 
@@ -111,29 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--glue-dir", type=Path, help="folder with CoLA/, SST-2/, ... (GLUE download)")
     p.add_argument("--out-dir", type=Path, required=True, help="writes OUT/TASK-bin/")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, required=True)
-    p.add_argument(
-        "--srcdict",
-        type=Path,
-        help="fairseq dict.txt of the model (required for gpt2 and wordpiece)",
-    )
-    p.add_argument("--gpt2-encoder-json", help="GPT-2 encoder.json (gpt2)")
-    p.add_argument("--gpt2-vocab-bpe", help="GPT-2 vocab.bpe (gpt2)")
-    p.add_argument("--vocab", help="BERT vocab.txt or tokenizer.json (wordpiece)")
-    p.add_argument(
-        "--lowercase",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="lowercase for wordpiece (default: from tokenizer.json, else yes)",
-    )
-    p.add_argument(
-        "--spm-vocab-size",
-        type=int,
-        default=8000,
-        help="sentencepiece vocabulary size (upper bound; capped by the data)",
-    )
-    p.add_argument("--spm-character-coverage", type=float, default=1.0)
-    p.add_argument("--spm-model", help="use this sentencepiece model instead of training one")
+    add_tokenizer_arguments(p)
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     p.add_argument(
         "--max-tokens", type=int, default=512, help="only warns about (counts) longer examples"
@@ -173,39 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tokenizer_config(args: argparse.Namespace) -> TokenizerConfig:
-    """Check the tokenizer flags and collect them."""
-
-    def need(*names: str) -> None:
-        missing = [n for n in names if getattr(args, n.lstrip("-").replace("-", "_")) is None]
-        if missing:
-            raise DataError(f"--tokenizer {args.tokenizer} needs {', '.join(missing)}")
-
-    if args.tokenizer == "gpt2":
-        need("--gpt2-encoder-json", "--gpt2-vocab-bpe", "--srcdict")
-    elif args.tokenizer == "wordpiece":
-        need("--vocab", "--srcdict")
-    elif args.srcdict is not None and args.spm_model is None:
-        raise DataError("--srcdict with sentencepiece needs the matching --spm-model")
-    if args.lowercase is not None and args.tokenizer != "wordpiece":
-        logger.warning("--lowercase/--no-lowercase only applies to --tokenizer wordpiece")
-    for name in ("gpt2_encoder_json", "gpt2_vocab_bpe", "vocab", "spm_model", "srcdict"):
-        value = getattr(args, name)
-        if value is not None and not Path(value).is_file():
-            raise DataError(f"--{name.replace('_', '-')}: no such file {value}")
-    return TokenizerConfig(
-        kind=args.tokenizer,
-        gpt2_encoder_json=args.gpt2_encoder_json,
-        gpt2_vocab_bpe=args.gpt2_vocab_bpe,
-        vocab=args.vocab,
-        lowercase=args.lowercase,
-        spm_model=args.spm_model,
-    )
-
-
 def run(args: argparse.Namespace) -> list[Path]:
     """Validate all selected tasks first, then prepare them; returns the TASK-bin folders."""
-    config = _tokenizer_config(args)
+    config = tokenizer_config(args)
     if args.tasks.strip().lower() == "custom":
         tasks = [custom_task(args)]
         glue_dir = None

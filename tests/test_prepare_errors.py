@@ -1,0 +1,105 @@
+"""acl-fairseq-prepare on files that would mislead it: a header line read as data, a file
+without a usable row, a dev file of another layout; and its output as a user sees it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from acl_fairseq.cli.prepare import cli as prepare_cli
+
+SPM_ARGS = ["--tokenizer", "sentencepiece", "--spm-vocab-size", "200", "--workers", "1"]
+ROWS = "".join(f"the film number{i} .\t{'pos' if i % 2 else 'neg'}\n" for i in range(8))
+
+
+def run_main(argv: list) -> int:
+    return prepare_cli.main([str(a) for a in argv])
+
+
+def custom(tmp_path: Path, train: str, valid: str, *flags: str) -> tuple[int, str]:
+    """acl-fairseq-prepare --task custom on the two file contents; (exit code, first error)."""
+    (tmp_path / "train.tsv").write_text(train, encoding="utf-8")
+    (tmp_path / "dev.tsv").write_text(valid, encoding="utf-8")
+    argv = ["--task", "custom", "--train", tmp_path / "train.tsv", "--valid", tmp_path / "dev.tsv",
+            "--text-columns", "1", "--label-column", "2", "--out-dir", tmp_path / "out",
+            *SPM_ARGS, *flags]  # fmt: skip
+    logger = logging.getLogger("prepare_glue")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        code = run_main(argv)
+    finally:
+        logger.removeHandler(handler)
+    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR]
+    return code, errors[0] if errors else ""
+
+
+def test_a_forgotten_header_is_not_a_class(tmp_path: Path) -> None:
+    """Without --header the header line would add a class named after the label column."""
+    code, error = custom(tmp_path, "text\tlabel\n" + ROWS, "text\tlabel\n" + ROWS)
+    assert code == 1
+    assert error == (
+        f"custom: {tmp_path / 'train.tsv'} line 1 has the label 'label', which no other line "
+        "has: it looks like a header line (the column names). Pass --header to skip it; if "
+        "'label' is a real class with one example, list every label with --labels"
+    )
+    assert custom(tmp_path, "text\tlabel\n" + ROWS, "text\tlabel\n" + ROWS, "--header")[0] == 0
+    assert json.loads((tmp_path / "out/custom-bin/prepare_glue.json").read_text())["labels"] == [
+        "neg", "pos"]  # fmt: skip
+
+
+def test_a_file_without_a_usable_row_says_why(tmp_path: Path) -> None:
+    comma = "".join(f"the film number{i} .,{'pos' if i % 2 else 'neg'}\n" for i in range(4))
+    code, error = custom(tmp_path, comma, ROWS)
+    assert code == 1
+    assert error == (
+        f"custom: none of the 4 rows of {tmp_path / 'train.tsv'} is usable: 4 row(s): missing "
+        "field: expected 2 tab-separated fields (column 2 needed), found 1 (e.g. line 1). Check "
+        "--text-columns 1, --label-column 2, --labels and --header against the file"
+    )
+    code, error = custom(tmp_path, "text\tlabel\n", ROWS, "--header")
+    assert error == f"custom: {tmp_path / 'train.tsv'} has no data line after its header"
+
+
+def test_a_dev_file_of_another_layout(tmp_path: Path) -> None:
+    with_id = "".join(f"{i}\t{line}\n" for i, line in enumerate(ROWS.splitlines()))
+    code, error = custom(tmp_path, ROWS, with_id)
+    assert code == 1
+    assert error == (
+        f"custom: {tmp_path / 'dev.tsv'} has 3 tab-separated columns, {tmp_path / 'train.tsv'} "
+        "has 2: both are read with the same --text-columns / --label-column, so one of them "
+        "would be read from the wrong columns. Give files of one layout"
+    )
+    code, error = custom(tmp_path, "text\tlabel\n" + ROWS, "label\ttext\n" + ROWS, "--header")
+    assert error == (
+        f"custom: the header of {tmp_path / 'dev.tsv'} (label | text) is not the header of "
+        f"{tmp_path / 'train.tsv'} (text | label): the columns may be in another order. Give "
+        "files of one layout"
+    )
+
+
+@pytest.mark.slow
+def test_prepare_prints_no_debug_line_and_no_namespace(tmp_path: Path) -> None:
+    """The command's whole output (its own process, logging as a user gets it)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "train.tsv").write_text(ROWS)
+    (tmp_path / "dev.tsv").write_text(ROWS)
+    argv = ["--task", "custom", "--train", tmp_path / "train.tsv", "--valid", tmp_path / "dev.tsv",
+            "--text-columns", "1", "--label-column", "2", "--out-dir", tmp_path / "out",
+            *SPM_ARGS]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "LOGLEVEL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "acl_fairseq.cli.prepare", *map(str, argv)],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "wrote" in output and "DEBUG" not in output and "Namespace(" not in output
