@@ -9,6 +9,7 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 import acl_fairseq  # noqa: F401  (registers the task)
+from acl_fairseq.data.splits import load_batches
 
 from fairseq_helpers import TINY_ROBERTA, fairseq_train, json_records, train_args
 
@@ -97,3 +98,21 @@ def test_fairseq_train_with_group_by_length(sentiment_data, tmp_path):
     )  # fmt: skip
     losses = [float(r["loss"]) for r in json_records(out, "train_inner")]
     assert len(losses) == 6 and all(np.isfinite(losses))
+
+
+def test_evaluation_batches_take_the_first_examples_of_the_file_not_the_shortest(sentiment_data):
+    """``load_batches(..., max_examples=n)``: the split's first n examples (as drawn), in the
+    task's length order, the same for every batch size; not the n shortest of that order."""
+    task, dataset = load_train(sentiment_data, 1)
+    n = 40
+    sizes = lengths(dataset)
+    first = sorted(tuple(dataset[i]["net_input.src_tokens"].tolist()) for i in range(n))
+    shortest = np.argsort(sizes, kind="stable")[:n]
+    assert sizes[:n].mean() > sizes[shortest].mean() + 1  # the two would differ here
+    pad = task.source_dictionary.pad()
+    for batch_size in (1, 8, 64):
+        batches = load_batches(task, "train", batch_size, n)
+        rows = sorted(tuple(r[r.ne(pad)].tolist()) for tokens, _ in batches for r in tokens)
+        assert rows == first
+        assert all(len(t) <= batch_size for t, _ in batches)
+    assert sum(len(t) for t, _ in load_batches(task, "train", 8)) == len(dataset)  # no limit
