@@ -17,6 +17,7 @@ Flags that would mix two precisions (``--fp16``, ``--memory-efficient-fp16``, ``
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "AUTOCAST_DTYPES",
     "AutocastConfig",
     "check_autocast",
+    "cpu_has_native_bf16",
     "forward_precision",
     "full_precision",
 ]
@@ -84,6 +86,24 @@ def check_autocast(cfg: Any) -> None:
             "precision (a half-precision model or loss scaling; common.* in a hydra config). "
             f"Drop {' '.join(given)} (fairseq's --bf16 means TPU training), or drop --autocast."
         )
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU has bfloat16 instructions (the ``avx512_bf16`` or ``amx_bf16`` flag of
+    Linux's ``/proc/cpuinfo``, or of ``cpuinfo`` when given), where ``--autocast bf16`` trains
+    faster than fp32. False where the flags cannot be read: bf16 without them is emulated,
+    slower than fp32."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            flags.update(value.split())
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 def _device_type(model: nn.Module) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from acl_fairseq.cli.demo import cli as demo
+from acl_fairseq.precision import cpu_has_native_bf16
 from acl_fairseq.recipe import flag_value
 
 from fairseq_helpers import NEGATIVE, NEUTRAL, POSITIVE, REPO
@@ -41,6 +42,31 @@ def test_demo_trains_with_the_autocast_asked_for(tmp_path, monkeypatch, autocast
     (cmd,) = commands
     assert flag_value(cmd, "--autocast") == (None if autocast == "none" else "bf16")
     assert flag_value(cmd, "--criterion") == "acl_embed" and flag_value(cmd, "--seed") == "1"
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+flags\t\t: fpu sse2 avx2 avx512f avx512bw {flags}
+vmx flags\t: vnmi preemption_timer avx512_bf16
+bugs\t\t: sysret_ss_attrs
+
+"""
+
+
+@pytest.mark.parametrize(
+    "flags, native",
+    [("avx512_bf16 avx512_vnni", True), ("amx_bf16 amx_tile", True), ("avx512_vnni", False),
+     ("", False)],
+)  # fmt: skip
+def test_native_bf16_is_read_from_the_cpu_flags(flags, native):
+    assert cpu_has_native_bf16(CPUINFO.format(flags=flags)) is native  # not from "vmx flags"
+
+
+def test_the_demo_trains_in_bf16_where_the_cpu_has_it(monkeypatch):
+    monkeypatch.setattr(demo, "cpu_has_native_bf16", lambda: True)
+    assert [demo.resolve_autocast(c) for c in ("auto", "none", "bf16")] == ["bf16", "none", "bf16"]
+    monkeypatch.setattr(demo, "cpu_has_native_bf16", lambda: False)
+    assert [demo.resolve_autocast(c) for c in ("auto", "none", "bf16")] == ["none", "none", "bf16"]
 
 
 def snippets(path: Path, n: int) -> None:
