@@ -14,6 +14,7 @@ from scipy import stats
 
 from acl_fairseq.cli.study import data as study_data
 from acl_fairseq.cli.study import phases as study
+from acl_fairseq.cli.study import records as study_records
 from acl_fairseq.cli.study import report as study_report
 from acl_fairseq.cli.study import round2
 from acl_fairseq.cli.study import runs as study_runs
@@ -349,3 +350,15 @@ def test_second_round_phases_run_seed_by_seed_and_share_by_method(tmp_path, monk
     round2.Round2(tmp_path, "lambda", methods=["acl"], seeds=[3]).lambda_study()
     ((folder, method, seed),) = calls
     assert (folder, method, seed) == ("lambda/main", "acl", "3")
+
+
+def test_a_run_evaluated_by_a_later_call_keeps_its_training_time():
+    """compare records the time of the call that evaluated a run: the evaluation alone when an
+    earlier call trained it; the report then adds fairseq's own training clock."""
+    inner = [{"wall": "100"}, {"wall": "4114"}]
+    train = [{"train_wall": "4208", "train_train_wall": "847"}]  # the process clock, not train's
+    seconds = study_records.run_seconds
+    assert seconds(253.1, train, inner) == pytest.approx(4461.1)  # evaluated by a later call
+    assert seconds(253.1, [], inner) == pytest.approx(4367.1)  # no epoch record: the last step's
+    assert seconds(4300.0, train, inner) == 4300.0  # trained and evaluated in one call
+    assert seconds(12.0, [], []) == 12.0 and seconds(None, train, inner) is None

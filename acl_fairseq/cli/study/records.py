@@ -46,6 +46,18 @@ def variant_of(method: str, command: Sequence[str]) -> str:
     return " ".join(parts)
 
 
+def run_seconds(seconds: float | None, train: list[dict], inner: list[dict]) -> float | None:
+    """A run's wall clock, training and evaluation. ``seconds`` is what compare recorded: the
+    time of the invocation that evaluated the run, which is the evaluation alone when an
+    earlier invocation trained it (interrupted before the test, or stopped between phases);
+    then the training's own clock (fairseq's last ``wall`` in train.log) is added."""
+    if seconds is None:
+        return None
+    last = train[-1].get("train_wall") if train else inner[-1].get("wall") if inner else None
+    trained = float(last) if last is not None else 0.0
+    return seconds + trained if trained > seconds else seconds
+
+
 def collect(work: Path, known_n_train: dict[tuple[str, str], str] | None = None) -> list[dict]:
     """One record per finished run, every folder that holds it (links included).
 
@@ -90,7 +102,7 @@ def collect(work: Path, known_n_train: dict[tuple[str, str], str] | None = None)
             "angles": run_dir / "angles.tsv",
             "run_dir": run_dir,
             "run_repo": checkout_of(command),
-            "seconds": result.get("seconds"),
+            "seconds": run_seconds(result.get("seconds"), train, inner),
             "predictions": run_dir / PREDICTIONS_FILE,
         }
         for key, value in result["test"].items():
