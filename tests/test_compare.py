@@ -4,6 +4,7 @@ hand-written ``test.json`` files. test_plots.py runs it end to end with the plot
 
 import argparse
 import csv
+import json
 import math
 import shlex
 import struct
@@ -360,3 +361,14 @@ def test_test_accuracy_counts_every_example(tmp_path):
     assert _flag(command, "--required-batch-size-multiple") == "1"
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert "--batch-size 32 --required-batch-size-multiple 1" in readme
+
+
+def test_a_run_from_another_checkout_is_not_trained_with_other_flags(tmp_path):
+    """The fairseq-train and --user-dir locations do not change a run; a training flag does."""
+    run = plan.Run("ce", 1, None)
+    saved = ["/a/.venv/bin/fairseq-train", "DATA", "--user-dir", "/a/acl_fairseq", "--lr", "1e-4"]
+    (tmp_path / "run.json").write_text(json.dumps({"train_command": saved}))
+    moved = ["/b/bin/fairseq-train", "DATA", "--user-dir", "/b/acl_fairseq", "--lr", "1e-4"]
+    runner.check_same_flags(run, tmp_path, moved)  # another machine, another worktree: the same run
+    with pytest.raises(SystemExit, match=r"only then: --lr 1e-4; only now: --lr 2e-4"):
+        runner.check_same_flags(run, tmp_path, [*moved[:-1], "2e-4"])

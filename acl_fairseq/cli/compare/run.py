@@ -238,10 +238,10 @@ def check_same_flags(run: Run, run_dir: Path, expected: list[str]) -> None:
     saved = json.loads(meta.read_text(encoding="utf-8")).get("train_command")
     if saved is None or saved == expected:
         return
-    # which installation's fairseq-train ran it does not change the run (a study restored
-    # on another machine or checkout)
+    # which installation's fairseq-train and which checkout's plugin (--user-dir) ran it does
+    # not change the run (a study restored on another machine, or run from another worktree)
     saved, expected = ([Path(c[0]).name, *c[1:]] if c else c for c in (saved, expected))
-    cosmetic = ("--log-interval ",)  # does not change the run's results
+    cosmetic = ("--log-interval ", "--user-dir ")  # does not change the run's results
     old_flags, new_flags = (
         [g for g in flag_groups(args) if not g.startswith(cosmetic)] for args in (saved, expected)
     )
