@@ -362,3 +362,11 @@ def test_a_run_evaluated_by_a_later_call_keeps_its_training_time():
     assert seconds(253.1, [], inner) == pytest.approx(4367.1)  # no epoch record: the last step's
     assert seconds(4300.0, train, inner) == 4300.0  # trained and evaluated in one call
     assert seconds(12.0, [], []) == 12.0 and seconds(None, train, inner) is None
+
+
+def test_a_run_s_checkout_is_its_plugin_s_folder():
+    """The checkout written as <repo> in docs/study: the --user-dir's, else fairseq-train's."""
+    cmd = ["/a/.venv/bin/fairseq-train", "DATA", "--user-dir", "/b/acl_fairseq", "--lr", "1"]
+    assert study_records.checkout_of(cmd) == "/b"  # the plugin's checkout, not the venv's
+    assert study_records.checkout_of(cmd[:2]) == "/a"
+    assert study_records.checkout_of(["fairseq-train", "DATA"]) is None

@@ -113,8 +113,14 @@ def collect(work: Path, known_n_train: dict[tuple[str, str], str] | None = None)
 
 
 def checkout_of(command: Sequence[str]) -> str | None:
-    """The checkout a run was trained from (the study's worktree), from its fairseq-train
-    path ``CHECKOUT/.venv/bin/fairseq-train``; None for another layout."""
+    """The checkout a run was trained from (the study's worktree): the folder that holds its
+    ``--user-dir CHECKOUT/acl_fairseq``, else its fairseq-train path's
+    ``CHECKOUT/.venv/bin/fairseq-train``; None for another layout."""
+    args = list(command)
+    if "--user-dir" in args[:-1]:
+        plugin = Path(args[args.index("--user-dir") + 1])
+        if plugin.name == "acl_fairseq":
+            return str(plugin.parent)
     path = Path(command[0]) if command else None
     if path is None or path.parent.name != "bin" or path.parent.parent.name != ".venv":
         return None

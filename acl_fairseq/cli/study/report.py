@@ -164,7 +164,7 @@ def copy_small_files(records: list[dict], work: Path, out: Path) -> None:
                 text = src.read_text(encoding="utf-8", errors="replace")
                 text = text.replace(str(work), "<work>")
                 for repo in filter(None, (r["run_repo"], str(REPO))):
-                    text = text.replace(repo, "<repo>")
+                    text = text.replace(f"{repo}/", "<repo>/")
                 (dest / name).write_text(text, encoding="utf-8")
 
 
