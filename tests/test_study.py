@@ -350,6 +350,47 @@ def test_second_round_phases_run_seed_by_seed_and_share_by_method(tmp_path, monk
     round2.Round2(tmp_path, "lambda", methods=["acl"], seeds=[3]).lambda_study()
     ((folder, method, seed),) = calls
     assert (folder, method, seed) == ("lambda/main", "acl", "3")
+    calls.clear()
+    round2.run_phase(tmp_path, "pair-converged-fp32")  # the precision check: seed 1, CE and ACL
+    assert calls == [("pair-converged/fp32", m, "1") for m in ("ce", "acl")]
+
+
+def test_second_round_precision_is_one_per_comparison(tmp_path, monkeypatch):
+    """pair-converged and fewshot-dev train every method under bf16 autocast; the phases begun
+    in fp32 and the pair precision check do not; the report tells the two apart."""
+    extras: dict[tuple[str, str], set[str]] = {}
+
+    def record(self, out, args):
+        rel = out.relative_to(tmp_path / "runs").parts
+        folder = "/".join(rel[:2]) if rel[0] == "pair-converged" else rel[0]
+        key = (folder, args[args.index("--methods") + 1])
+        extras.setdefault(key, set()).add(args[args.index("--extra") + 1])
+
+    monkeypatch.setattr(study.Study, "compare", record)
+    monkeypatch.setattr(round2, "count_examples", lambda data: 96)
+    monkeypatch.setattr(round2, "dev_accuracy", lambda out, run: 50.0)
+    monkeypatch.setattr(round2.Round2, "early_exit_on_dev", lambda self, out, run: None)
+    monkeypatch.setattr(round2, "link_run", lambda *a: None)
+    for k in round2.FEWSHOT_DEV_SIZES:
+        for d in round2.FEWSHOT_DEV_DRAWS:
+            (tmp_path / "data" / round2.fewshot_dev_data(k, d)).mkdir(parents=True)
+    round2.Round2(tmp_path, "pair-converged").choose("cap_epochs", {}, 3)
+    for phase in ("pair-converged", "pair-converged-fp32", "lambda", "fewshot-dev",
+                  "acl-cl-same-start"):  # fmt: skip
+        round2.run_phase(tmp_path, phase, seeds=[1])
+    bf16 = {key for key, ex in extras.items() if all("--autocast bf16" in e for e in ex)}
+    fp32 = {key for key, ex in extras.items() if not any("--autocast" in e for e in ex)}
+    assert bf16 | fp32 == set(extras)  # no comparison mixes precisions
+    assert {folder for folder, _ in bf16} == {"pair-converged/main", "fewshot-dev"}
+    main = {m for folder, m in bf16 if folder == "pair-converged/main"}
+    assert main == {"ce", "acl", "acl_embed"}
+    assert {m for folder, m in fp32 if folder == "pair-converged/fp32"} == {"ce", "acl"}
+    assert {("lambda", "acl"), ("lambda", "ce_scl"), ("acl-cl-same-start", "acl_cl")} <= fp32
+    cmd = ["fairseq-train", "DATA", "--lr", "0.0001", "--contrastive-lambda", "0.1"]
+    cmd += ["--temperature", "0.3"]
+    assert study_records.variant_of("acl", cmd) == "lr=0.0001 lambda=0.1 tau=0.3"
+    assert study_records.variant_of("acl", [*cmd, "--autocast", "bf16"]).endswith(" autocast=bf16")
+    assert study_records.variant_of("ce", [*cmd, "--autocast", "none"]) == "lr=0.0001"
 
 
 def test_a_run_evaluated_by_a_later_call_keeps_its_training_time():

@@ -43,6 +43,9 @@ def variant_of(method: str, command: Sequence[str]) -> str:
         parts.append("teacher=" + ("frozen" if flag(command, "--frozen-teacher") else "live"))
         parts.append(f"weighting={flag(command, '--cross-layer-weighting') or 'exit'}")
         parts.append(f"lambda_cl={flag(command, '--cross-layer-lambda')}")
+    autocast = flag(command, "--autocast")
+    if autocast not in (None, "none"):
+        parts.append(f"autocast={autocast}")
     return " ".join(parts)
 
 
