@@ -1,5 +1,5 @@
 """The figures of ``acl-fairseq-study report`` (PNG, each with its CSV): dev curves, the
-few-shot curve, the lambda grid, the early-exit curves."""
+few-shot curve, the lambda grid, the lambda study over seeds, the early-exit curves."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from acl_fairseq.cli.study.paired import lambdas, runs_by_seed
 from acl_fairseq.cli.study.records import (
     by_name,
     fewshot_groups,
@@ -16,6 +17,7 @@ from acl_fairseq.cli.study.records import (
     train_log_records,
     write_csv,
 )
+from acl_fairseq.cli.study.sensitivity import LAMBDA_FOLDER
 
 
 def figures(records: list[dict], out: Path) -> None:
@@ -49,6 +51,7 @@ def figures(records: list[dict], out: Path) -> None:
         plt.close(fig)
         write_csv(fig_dir / "dev_curves.csv", ["task", "method", "update", "dev_accuracy"], rows)
     fewshot_figure(records, fig_dir, plt)
+    lambda_seeds_figure(records, fig_dir, plt)
 
 
 def fewshot_figure(records: list[dict], fig_dir: Path, plt: Any) -> None:
@@ -92,6 +95,43 @@ def fewshot_figure(records: list[dict], fig_dir: Path, plt: Any) -> None:
     fig.savefig(fig_dir / "fewshot.png", dpi=110)
     plt.close(fig)
     write_csv(fig_dir / "fewshot.csv", ["per_class", "method", "n", "mean", "std"], rows)
+
+
+def lambda_seeds_figure(records: list[dict], fig_dir: Path, plt: Any) -> None:
+    """The lambda study: test accuracy over λ per contrastive method (mean and sample std over
+    seeds), CE's mean and std as a band (``lambda_seeds.png`` / ``.csv``)."""
+    per = runs_by_seed(records, LAMBDA_FOLDER)
+    suffixes = lambdas(per)
+    if not suffixes:
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rows = []
+    for method, color in (("ce_scl", "tab:orange"), ("acl", "tab:blue")):
+        points = []
+        for suffix in suffixes:
+            values = [float(r["test_accuracy"]) for r in per.get(method + suffix, {}).values()]
+            if values:
+                mean, std = mean_std(values)
+                std = 0.0 if math.isnan(std) else std
+                points.append((float(suffix[len("-lam") :]), mean, std, len(values)))
+        rows += [[method, *p] for p in points]
+        if points:
+            lam, mean, std, _ = zip(*points)
+            ax.errorbar(lam, mean, yerr=std, marker="o", capsize=3, color=color, label=method)
+    ce = [float(r["test_accuracy"]) for r in per.get("ce", {}).values()]
+    if ce:
+        mean, std = mean_std(ce)
+        std = 0.0 if math.isnan(std) else std
+        ax.axhspan(mean - std, mean + std, color="gray", alpha=0.25, label="ce (mean ± std)")
+        rows.append(["ce", "", mean, std, len(ce)])
+    ax.set(xscale="log", xlabel="λ", ylabel="test accuracy (%)",
+           title="movie: test accuracy over λ (mean ± std over seeds)")  # fmt: skip
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(fig_dir / "lambda_seeds.png", dpi=110)
+    plt.close(fig)
+    write_csv(fig_dir / "lambda_seeds.csv", ["method", "lambda", "test_mean", "test_std", "seeds"],
+              [[m, lam, round(a, 3), round(b, 3), n] for m, lam, a, b, n in rows])  # fmt: skip
 
 
 def grid_and_exit_figures(records: list[dict], work: Path, out: Path) -> None:

@@ -8,7 +8,8 @@ A row pairs seed s of a method with seed s of its baseline (same data, same exam
   one gets right and the other wrong, pooled over the seeds, and a paired bootstrap of the
   seed-mean difference over examples (95% interval, p-value);
 * Holm's correction within the row's family (one family per study; the few-shot sizes are one
-  family), separately for the t-test and for McNemar. A difference is a verdict
+  family; the lambda study has two: the methods at each λ, and within a method each λ against
+  λ 0.5, ``lambda-within``), separately for the t-test and for McNemar. A difference is a verdict
   (``verdict``: better / worse) only when every test it has survives its correction at 0.05;
   otherwise ``no difference``.
 """
@@ -21,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from acl_fairseq.cli.study.records import mean_std, predictions_of
+from acl_fairseq.cli.study.round2 import MAIN_LAMBDA
 from acl_fairseq.paired_tests import holm, mcnemar, paired_bootstrap, seed_t_test
 
 PAIRED_COLUMNS = [
@@ -47,7 +49,7 @@ def _layer(metric: str) -> int | None:
     return int(metric[len("accuracy_exit") :]) if metric.startswith("accuracy_exit") else None
 
 
-def _per_seed(records: Iterable[dict], folder: str) -> dict[str, dict[int, dict]]:
+def runs_by_seed(records: Iterable[dict], folder: str) -> dict[str, dict[int, dict]]:
     """``{run name without its seed: {seed: record}}`` of a folder; in a lambda study every
     contrastive run is named with its lambda (``acl-lam0.1``, and ``acl-lam0.5`` for the
     main runs at the lambda the sweep was run around)."""
@@ -70,7 +72,7 @@ def comparisons(records: list[dict]) -> list[Comparison]:
             found.append(Comparison(family, study, method, base, metric, ours, theirs))
 
     for study, folder in (("full", "movie/main"), ("pair", "pair/main")):
-        per = _per_seed(records, folder)
+        per = runs_by_seed(records, folder)
         pairs = [(m, "ce") for m in ("ce_scl", "acl", "multi_exit_joint", "acl_cl")]
         for method, base in [*pairs, ("acl", "ce_scl")]:
             add(study, study, method, base, "accuracy", per.get(method), per.get(base))
@@ -80,23 +82,28 @@ def comparisons(records: list[dict]) -> list[Comparison]:
         for method, base in (("ce_scl", "ce"), ("acl", "ce"), ("acl", "ce_scl")):
             add("fewshot", f"fewshot k{k}", method, base, "accuracy",
                 few.get((k, method)), few.get((k, base)))  # fmt: skip
-    per = _per_seed(records, "pair-converged/main")
+    per = runs_by_seed(records, "pair-converged/main")
     gate = (("acl", "ce"), ("acl_embed", "ce"), ("acl", "acl_embed"), ("ce_scl", "ce"),
             ("ce_scl_grad", "ce_scl"), ("acl", "ce_scl"))  # fmt: skip
     for method, base in gate:
         add("pair-converged", "pair-converged", method, base, "accuracy",
             per.get(method), per.get(base))  # fmt: skip
-    per = _per_seed(records, "lambda/main")
+    per = runs_by_seed(records, "lambda/main")
     for lam in lambdas(per):
         for method, base in ((f"acl{lam}", "ce"), (f"ce_scl{lam}", "ce"),
                              (f"acl{lam}", f"ce_scl{lam}")):  # fmt: skip
             add("lambda", "lambda", method, base, "accuracy", per.get(method), per.get(base))
+    main = f"-lam{MAIN_LAMBDA:g}"
+    for method in ("acl", "ce_scl"):  # does lambda matter within a method: each against 0.5
+        for lam in (lam for lam in lambdas(per) if lam != main):
+            add("lambda-within", "lambda", f"{method}{lam}", f"{method}{main}", "accuracy",
+                per.get(f"{method}{lam}"), per.get(f"{method}{main}"))  # fmt: skip
     few = fewshot_draws(records, "fewshot-dev")
     for k in sorted({k for k, _ in few}):
         for method, base in (("ce_scl", "ce"), ("acl", "ce"), ("acl", "ce_scl")):
             add("fewshot-dev", f"fewshot-dev k{k}", method, base, "accuracy",
                 few.get((k, method)), few.get((k, base)))  # fmt: skip
-    per = _per_seed(records, "acl-cl-same-start/main")
+    per = runs_by_seed(records, "acl-cl-same-start/main")
     add("acl-cl-same-start", "acl-cl-same-start", "acl_cl", "multi_exit_joint", "accuracy",
         per.get("acl_cl"), per.get("multi_exit_joint"))  # fmt: skip
     _exit_pairs(add, "acl-cl-same-start", "acl-cl-same-start", per, "acl_cl", "multi_exit_joint")

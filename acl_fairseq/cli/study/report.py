@@ -10,10 +10,14 @@ Reads every finished run under ``WORK/runs`` and writes to ``--out`` (default do
                   exit), per seed, mean, std and a paired t-test over seeds
   angles.csv      the CE/contrastive gradient angle over training by thirds (early, middle,
                   late): mean, share above 60/75/90 degrees, updates ACL-Grad dropped
+  lambda_sensitivity.csv
+                  the lambda study: per contrastive method, test accuracy per λ, its range
+                  over λ (of the means and per seed), the λ picked on dev; ACL's per-seed
+                  range against CE+SCL's (paired t-test)
   agreement.csv   per exact ACL-Grad run that logged them, the cheap scopes (head, top:K)
                   against the exact decision at 60/75/90 degrees: decisions that agree,
                   Pearson r of the angles (what --acl-grad-scope would have decided)
-  figures/        dev_curves, lambda, fewshot (PNG + CSV)
+  figures/        dev_curves, lambda, lambda_seeds, fewshot (PNG + CSV)
   runs/           each run's small files (test.json, run.json, command.txt, train.log,
                   angles.tsv), with the work folder written as <work> and the checkout the
                   run was trained from (or this one) as <repo>
@@ -49,6 +53,7 @@ from acl_fairseq.cli.study.records import (
     write_csv,
 )
 from acl_fairseq.cli.study.runs import LINKS_FILE, write_links
+from acl_fairseq.cli.study.sensitivity import SENSITIVITY_COLUMNS, lambda_sensitivity_rows
 from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 from acl_fairseq.predictions import PREDICTIONS_FILE
 
@@ -180,6 +185,7 @@ def markdown(out: Path) -> str:
             "Paired differences on test: over seeds (t-test) and examples (McNemar, "
             "bootstrap), Holm-corrected per family",
         ),  # fmt: skip
+        ("lambda_sensitivity.csv", "Sensitivity to λ (lambda study, test accuracy)"),
         ("times.csv", "Minutes per run (training and evaluation, one thread)"),
         ("angles.csv", "CE / contrastive gradient angles by thirds of training"),
         ("agreement.csv", "Cheap ACL-Grad scopes against the exact decision"),
@@ -275,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     write_csv(out / "runs.csv", columns, [[r.get(c, "") for c in columns] for r in records])
     write_csv(out / "summary.csv", SUMMARY_COLUMNS, summary)
     write_csv(out / "paired.csv", PAIRED_COLUMNS, paired_rows(records))
+    sensitivity = lambda_sensitivity_rows(records)
+    if sensitivity:
+        write_csv(out / "lambda_sensitivity.csv", SENSITIVITY_COLUMNS, sensitivity)
     write_csv(out / "angles.csv", ["study", "folder", "run", "method", "variant", "part",
               "updates", "mean_angle", "pct_over_60", "pct_over_75", "pct_over_90",
               "dropped"], angle_rows(records))  # fmt: skip

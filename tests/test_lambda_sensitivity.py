@@ -1,0 +1,77 @@
+"""The lambda study's sensitivity table and its within-method paired tests, on made-up runs
+whose ranges, picks and t-test are worked out by hand below."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from acl_fairseq.cli.study.paired import PAIRED_COLUMNS, paired_rows
+from acl_fairseq.cli.study.sensitivity import SENSITIVITY_COLUMNS, lambda_sensitivity_rows
+
+
+def run(method: str, lam: float | None, seed: int, dev: float, test: float) -> dict:
+    main = lam is None or lam == 0.5  # CE has no lambda; the main runs are named without it
+    name = f"{method}-seed{seed}" if main else f"{method}-lam{lam:g}-seed{seed}"
+    return {
+        "folder": "lambda/main", "run": name, "method": method, "lambda": lam, "seed": seed,
+        "dev_accuracy": dev, "test_accuracy": test, "predictions": Path("/nonexistent"),
+    }  # fmt: skip
+
+
+LAMBDAS = (0.1, 0.5, 1.0)
+ACL = {  # seed -> (dev, test) per lambda 0.1 / 0.5 / 1.0
+    1: [(85.2, 85.3), (85.8, 84.6), (86.2, 85.4)],  # range 0.8; dev picks 1.0
+    2: [(85.0, 84.0), (85.0, 85.0), (84.0, 84.5)],  # range 1.0; dev tie: the smaller, 0.1
+    3: [(84.0, 86.0), (86.0, 85.5), (85.0, 85.0)],  # range 1.0; dev picks 0.5
+}
+SCL = {
+    1: [(85.0, 85.8), (85.1, 85.6), (85.0, 84.0)],  # range 1.8
+    2: [(85.0, 86.2), (85.1, 84.0), (85.0, 85.0)],  # range 2.2
+    3: [(85.0, 86.0), (85.1, 85.0)],  # no lambda 1.0: left out of the ranges
+}
+
+
+def records() -> list[dict]:
+    out = [run("ce", None, s, 85.0, 85.0) for s in (1, 2, 3)]
+    for method, table in (("acl", ACL), ("ce_scl", SCL)):
+        for seed, cells in table.items():
+            out += [run(method, lam, seed, d, t) for lam, (d, t) in zip(LAMBDAS, cells)]
+    return out
+
+
+def test_lambda_sensitivity_by_hand():
+    rows = {r[0]: dict(zip(SENSITIVITY_COLUMNS, r)) for r in lambda_sensitivity_rows(records())}
+    acl, scl = rows["acl"], rows["ce_scl"]
+    assert acl["seeds"] == 3 and scl["seeds"] == 2
+    assert acl["lambdas"] == "0.1 / 0.5 / 1"
+    assert acl["test_mean_by_lambda"] == "85.10 / 85.03 / 84.97"
+    assert acl["range_of_means"] == pytest.approx(0.133, abs=1e-3)
+    assert acl["per_seed_range_mean"] == pytest.approx((0.8 + 1.0 + 1.0) / 3, abs=1e-3)
+    assert scl["per_seed_range_mean"] == pytest.approx(2.0, abs=1e-3)
+    assert acl["dev_chosen_lambda_per_seed"] == "1 0.1 0.5"
+    assert acl["dev_chosen_test_mean"] == pytest.approx((85.4 + 84.0 + 85.5) / 3, abs=1e-3)
+    # ACL's range minus CE+SCL's on seeds 1-2: -1.0, -1.2; t = -1.1 / (0.1414 / sqrt 2) = -11,
+    # one degree of freedom: p = 1 - (2 / pi) * atan(11)
+    assert acl["range_minus_ce_scl"] == pytest.approx(-1.1, abs=1e-3)
+    assert acl["range_paired_t_p"] == pytest.approx(1 - 2 / math.pi * math.atan(11), rel=1e-3)
+    assert scl["range_minus_ce_scl"] == "" and scl["range_paired_t_p"] == ""
+
+
+def test_lambda_sensitivity_needs_every_lambda_on_a_seed():
+    only_main = [r for r in records() if r["lambda"] in (None, 0.5)]
+    assert lambda_sensitivity_rows(only_main) == []
+
+
+def test_within_method_lambda_tests_are_their_own_family():
+    rows = [dict(zip(PAIRED_COLUMNS, r)) for r in paired_rows(records())]
+    within = {(r["method"], r["baseline"]): r for r in rows if r["family"] == "lambda-within"}
+    assert set(within) == {
+        (f"{m}-lam{lam}", f"{m}-lam0.5") for m in ("acl", "ce_scl") for lam in ("0.1", "1")
+    }
+    assert within[("acl-lam0.1", "acl-lam0.5")]["per_seed_difference"] == "+0.70 -1.00 +0.50"
+    assert within[("ce_scl-lam1", "ce_scl-lam0.5")]["seeds"] == 2
+    # Holm within the family of 4 only (the methods-at-each-lambda family is separate)
+    p = [r["paired_t_p"] for r in within.values() if r["paired_t_p"] != ""]
+    holm = [r["paired_t_holm"] for r in within.values() if r["paired_t_p"] != ""]
+    assert min(holm) == pytest.approx(min(1.0, len(p) * min(p)), rel=1e-3)
