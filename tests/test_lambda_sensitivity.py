@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from acl_fairseq.cli.study.paired import PAIRED_COLUMNS, paired_rows
-from acl_fairseq.cli.study.sensitivity import SENSITIVITY_COLUMNS, lambda_sensitivity_rows
+from acl_fairseq.cli.study.sensitivity import (
+    GAP_COLUMNS,
+    SENSITIVITY_COLUMNS,
+    dev_test_gap_rows,
+    lambda_sensitivity_rows,
+)
 
 
 def run(method: str, lam: float | None, seed: int, dev: float, test: float) -> dict:
@@ -75,3 +80,21 @@ def test_within_method_lambda_tests_are_their_own_family():
     p = [r["paired_t_p"] for r in within.values() if r["paired_t_p"] != ""]
     holm = [r["paired_t_holm"] for r in within.values() if r["paired_t_p"] != ""]
     assert min(holm) == pytest.approx(min(1.0, len(p) * min(p)), rel=1e-3)
+
+
+def test_dev_test_gap_by_hand():
+    recs = records()
+    for r in recs:
+        if r["run"] == "acl-seed1":
+            r["valid_curve"] = [80.0, 84.0, 86.0, 85.0, 85.5]  # best 86 - mean(86, 85, 85.5)
+    rows = {r[0]: dict(zip(GAP_COLUMNS, r)) for r in dev_test_gap_rows(recs)}
+    assert list(rows)[0] == "ce" and rows["ce"]["gap_mean"] == 0.0
+    acl = rows["acl-lam0.5"]  # gaps +1.2, 0.0, +0.5; CE's are 0
+    assert acl["gap_per_seed"] == "+1.2 +0.0 +0.5"
+    assert acl["gap_mean"] == pytest.approx(0.567, abs=1e-3)
+    assert acl["gap_std"] == pytest.approx(0.603, abs=1e-3)
+    assert acl["selection_optimism_mean"] == pytest.approx(0.5)  # the one run with a curve
+    assert acl["gap_minus_ce"] == pytest.approx(0.567, abs=1e-3)
+    t = 0.5667 / (0.6028 / math.sqrt(3))  # two degrees of freedom: p = 1 - t / sqrt(t^2 + 2)
+    assert acl["gap_minus_ce_paired_t_p"] == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-3)
+    assert rows["acl-lam0.1"]["selection_optimism_mean"] == ""

@@ -78,6 +78,7 @@ def collect(work: Path, known_n_train: dict[tuple[str, str], str] | None = None)
         command = meta["train_command"]
         train = train_log_records(run_dir / "train.log", "train")
         inner = train_log_records(run_dir / "train.log", "train_inner")
+        valid = train_log_records(run_dir / "train.log", "valid")
         last = (train or inner or [{}])[-1]
         updates = int(float(last.get("train_num_updates", last.get("num_updates", 0))))
         data = Path(command[1])
@@ -102,6 +103,8 @@ def collect(work: Path, known_n_train: dict[tuple[str, str], str] | None = None)
             "best_update": int(result["dev"].get("num_updates", 0)),
             "stage1": result.get("stage1"),
             "dev_accuracy": result["dev"]["accuracy"],
+            # dev accuracy at every validation of the run's training, in order
+            "valid_curve": [float(v["valid_accuracy"]) for v in valid if "valid_accuracy" in v],
             "angles": run_dir / "angles.tsv",
             "run_dir": run_dir,
             "run_repo": checkout_of(command),

@@ -14,6 +14,9 @@ Reads every finished run under ``WORK/runs`` and writes to ``--out`` (default do
                   the lambda study: per contrastive method, test accuracy per λ, its range
                   over λ (of the means and per seed), the λ picked on dev; ACL's per-seed
                   range against CE+SCL's (paired t-test)
+  dev_test_gap.csv
+                  the lambda study: dev minus test accuracy per configuration and seed, the
+                  dev inflation of choosing the checkpoint on dev, the gap against CE's
   agreement.csv   per exact ACL-Grad run that logged them, the cheap scopes (head, top:K)
                   against the exact decision at 60/75/90 degrees: decisions that agree,
                   Pearson r of the angles (what --acl-grad-scope would have decided)
@@ -53,7 +56,12 @@ from acl_fairseq.cli.study.records import (
     write_csv,
 )
 from acl_fairseq.cli.study.runs import LINKS_FILE, write_links
-from acl_fairseq.cli.study.sensitivity import SENSITIVITY_COLUMNS, lambda_sensitivity_rows
+from acl_fairseq.cli.study.sensitivity import (
+    GAP_COLUMNS,
+    SENSITIVITY_COLUMNS,
+    dev_test_gap_rows,
+    lambda_sensitivity_rows,
+)
 from acl_fairseq.paths import SOURCE_ROOT as REPO  # the checkout (editable install)
 from acl_fairseq.predictions import PREDICTIONS_FILE
 
@@ -186,6 +194,12 @@ def markdown(out: Path) -> str:
             "bootstrap), Holm-corrected per family",
         ),  # fmt: skip
         ("lambda_sensitivity.csv", "Sensitivity to λ (lambda study, test accuracy)"),
+        (
+            "dev_test_gap.csv",
+            "Dev minus test accuracy (lambda study): per seed, the dev inflation of choosing "
+            "the checkpoint on dev (best dev record minus the mean of the last three), and "
+            "against CE's gap (paired t-test)",
+        ),
         ("times.csv", "Minutes per run (training and evaluation, one thread)"),
         ("angles.csv", "CE / contrastive gradient angles by thirds of training"),
         ("agreement.csv", "Cheap ACL-Grad scopes against the exact decision"),
@@ -284,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     sensitivity = lambda_sensitivity_rows(records)
     if sensitivity:
         write_csv(out / "lambda_sensitivity.csv", SENSITIVITY_COLUMNS, sensitivity)
+        write_csv(out / "dev_test_gap.csv", GAP_COLUMNS, dev_test_gap_rows(records))
     write_csv(out / "angles.csv", ["study", "folder", "run", "method", "variant", "part",
               "updates", "mean_angle", "pct_over_60", "pct_over_75", "pct_over_90",
               "dropped"], angle_rows(records))  # fmt: skip

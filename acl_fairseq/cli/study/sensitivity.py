@@ -1,5 +1,7 @@
 """How much a contrastive method's test accuracy moves with λ: the lambda study's
-``lambda_sensitivity.csv`` (the paper claims ACL is less λ-sensitive than CE+SCL).
+``lambda_sensitivity.csv`` (the paper claims ACL is less λ-sensitive than CE+SCL), and its
+dev - test gaps (``dev_test_gap.csv``: the first round's ACL was below its dev on test in every
+seed, CE+SCL above).
 
 Per method, over the seeds that ran every λ: the test accuracy per λ (mean and sample std over
 seeds), the range of those means, the per-seed range (max - min over λ within one seed: what
@@ -73,3 +75,50 @@ def lambda_sensitivity_rows(records: list[dict]) -> list[list[Any]]:
             p = seed_t_test(diffs)
             rows["acl"]["range_paired_t_p"] = "" if math.isnan(p) else float(f"{p:.4g}")
     return [[row[c] for c in SENSITIVITY_COLUMNS] for row in rows.values()]
+
+
+GAP_COLUMNS = [
+    "run", "seeds", "dev_mean", "test_mean", "gap_per_seed", "gap_mean", "gap_std",
+    "selection_optimism_mean", "gap_minus_ce", "gap_minus_ce_paired_t_p",
+]  # fmt: skip
+LAST_VALIDATIONS = 3  # selection optimism: the best dev record minus the mean of the last three
+
+
+def dev_test_gap_rows(records: list[dict]) -> list[list[Any]]:
+    """The lambda study's dev - test gap per configuration (``dev_test_gap.csv``, columns
+    ``GAP_COLUMNS``): per seed, its mean and std, how much choosing the checkpoint on dev
+    inflates dev (best dev record minus the mean of the last ``LAST_VALIDATIONS``; needs the
+    run's ``valid`` records), and the gap minus CE's on the same seeds with the paired t-test."""
+    per = runs_by_seed(records, LAMBDA_FOLDER)
+    gaps = {
+        name: {s: float(r["dev_accuracy"]) - float(r["test_accuracy"]) for s, r in runs.items()}
+        for name, runs in per.items()
+    }
+    rows = []
+    for name in sorted(per, key=lambda n: (n != "ce", n)):
+        runs = per[name]
+        seeds = sorted(runs)
+        gap = [gaps[name][s] for s in seeds]
+        optimism = [o for o in (_optimism(runs[s].get("valid_curve")) for s in seeds) if o == o]
+        mean, std = mean_std(gap)
+        row = [name, len(seeds), _fmt(mean_std([float(runs[s]["dev_accuracy"]) for s in seeds])[0]),
+               _fmt(mean_std([float(runs[s]["test_accuracy"]) for s in seeds])[0]),
+               " ".join(f"{g:+.1f}" for g in gap), _fmt(mean), _fmt(std),
+               _fmt(mean_std(optimism)[0]) if optimism else ""]  # fmt: skip
+        common = sorted(set(seeds) & set(gaps.get("ce", {})))
+        if name != "ce" and common:
+            diffs = [gaps[name][s] - gaps["ce"][s] for s in common]
+            p = seed_t_test(diffs)
+            row += [_fmt(mean_std(diffs)[0]), "" if math.isnan(p) else float(f"{p:.4g}")]
+        else:
+            row += ["", ""]
+        rows.append(row)
+    return rows
+
+
+def _optimism(curve: list[float] | None) -> float:
+    """Best dev record minus the mean of the last ``LAST_VALIDATIONS`` (NaN without a curve)."""
+    if not curve:
+        return math.nan
+    last = curve[-LAST_VALIDATIONS:]
+    return max(curve) - sum(last) / len(last)
