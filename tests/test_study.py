@@ -181,6 +181,10 @@ def test_report_tables_are_the_runs_own_numbers(tmp_path):
     assert angles["early"]["mean_angle"] == "60.0" and angles["late"]["updates"] == "2"
     assert float(angles["all"]["pct_over_90"]) == pytest.approx(100 * 2 / 6, abs=0.1)
     assert angles["middle"]["dropped"] == "2" and angles["all"]["dropped"] == "2"
+    with open(docs / "runs.csv") as f:
+        dropped = {(r["folder"], r["run"]): r["updates_dropped"] for r in csv.DictReader(f)}
+    assert dropped[("movie/main", "acl-seed1")] == "2"  # next to its accuracy, per run
+    assert dropped[("movie/main", "acl-seed2")] == dropped[("movie/main", "ce-seed1")] == ""
     with open(docs / "agreement.csv") as f:
         agreement = {(r["scope"], r["threshold"]): r for r in csv.DictReader(f)}
     # the log's heads-only angle is 0: the head scope never drops, the exact one 2 of 6 at 90

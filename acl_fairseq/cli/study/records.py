@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from acl_fairseq.acl_grad import read_angle_log
 from acl_fairseq.compare_results import METRIC_RE
 from acl_fairseq.data.splits import count_examples
 from acl_fairseq.fairseq_log import log_records
@@ -82,6 +83,7 @@ def collect(work: Path, known_n_train: dict[tuple[str, str], str] | None = None)
         last = (train or inner or [{}])[-1]
         updates = int(float(last.get("train_num_updates", last.get("num_updates", 0))))
         data = Path(command[1])
+        angles = read_angle_log(run_dir / "angles.tsv")
         record = {
             "study": STUDY_OF.get(task, task),
             "phase": "/".join(rel.parts[1:]) or "main",
@@ -101,6 +103,8 @@ def collect(work: Path, known_n_train: dict[tuple[str, str], str] | None = None)
             else (known_n_train or {}).get((str(rel), run_dir.name), ""),
             "updates": updates,
             "best_update": int(result["dev"].get("num_updates", 0)),
+            # updates whose contrastive term ACL-Grad dropped ("" for a run without angles)
+            "updates_dropped": sum(not a.kept for a in angles) if angles else "",
             "stage1": result.get("stage1"),
             "dev_accuracy": result["dev"]["accuracy"],
             # dev accuracy at every validation of the run's training, in order

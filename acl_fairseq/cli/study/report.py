@@ -3,7 +3,8 @@
 Reads every finished run under ``WORK/runs`` and writes to ``--out`` (default docs/study):
 
   runs.csv        one row per run: study, phase, method, variant, seed, hyper-parameters,
-                  updates trained and of the best checkpoint, dev and test accuracy (per exit)
+                  updates trained and of the best checkpoint, updates ACL-Grad dropped, dev
+                  and test accuracy (per exit)
   summary.csv     study,method,variant,n_train,seeds,updates_per_stage,split,metric,mean,std
                   (the main comparison per method; the grids as variants with one seed)
   paired.csv      per study and method: test accuracy minus CE's (ACL-CL minus joint CE per
@@ -70,7 +71,7 @@ SUMMARY_COLUMNS = [
     "mean", "std",
 ]  # fmt: skip
 RUNS_COLUMNS = ["study", "folder", "phase", "run", "method", "variant", "seed", "n_train",
-                "updates", "best_update", "dev_accuracy"]  # fmt: skip
+                "updates", "best_update", "updates_dropped", "dev_accuracy"]  # fmt: skip
 SMALL_FILES = (
     "test.json", "run.json", "command.txt", "train.log", "test.log", "angles.tsv",
     PREDICTIONS_FILE,
