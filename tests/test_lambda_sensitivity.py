@@ -98,3 +98,20 @@ def test_dev_test_gap_by_hand():
     t = 0.5667 / (0.6028 / math.sqrt(3))  # two degrees of freedom: p = 1 - t / sqrt(t^2 + 2)
     assert acl["gap_minus_ce_paired_t_p"] == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-3)
     assert rows["acl-lam0.1"]["selection_optimism_mean"] == ""
+
+
+def test_acl_cl_same_start_pairs_acl_cl_with_the_joint_run_of_the_same_start():
+    recs = []
+    for seed, (ours, theirs) in {1: (85.8, 85.3), 2: (84.8, 85.1)}.items():
+        for method, name, acc in (("acl_cl", "acl_cl", ours),
+                                  ("multi_exit_joint", "joint_from_acl", theirs)):  # fmt: skip
+            recs.append({
+                "folder": "acl-cl-same-start/main", "run": f"{name}-seed{seed}", "method": method,
+                "lambda": None, "seed": seed, "dev_accuracy": 85.0, "test_accuracy": acc,
+                "test_accuracy_exit1": acc - 8, "predictions": Path("/nonexistent"),
+            })  # fmt: skip
+    rows = [dict(zip(PAIRED_COLUMNS, r)) for r in paired_rows(recs)]
+    final = [r for r in rows if r["family"] == "acl-cl-same-start" and r["metric"] == "accuracy"]
+    assert len(final) == 1 and final[0]["baseline"] == "joint_from_acl"
+    assert final[0]["per_seed_difference"] == "+0.50 -0.30"
+    assert {r["metric"] for r in rows} == {"accuracy", "accuracy_exit1"}

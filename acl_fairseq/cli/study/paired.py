@@ -104,12 +104,12 @@ def comparisons(records: list[dict]) -> list[Comparison]:
             add("fewshot-dev", f"fewshot-dev k{k}", method, base, "accuracy",
                 few.get((k, method)), few.get((k, base)))  # fmt: skip
     per = runs_by_seed(records, "acl-cl-same-start/main")
-    add("acl-cl-same-start", "acl-cl-same-start", "acl_cl", "multi_exit_joint", "accuracy",
-        per.get("acl_cl"), per.get("multi_exit_joint"))  # fmt: skip
-    _exit_pairs(add, "acl-cl-same-start", "acl-cl-same-start", per, "acl_cl", "multi_exit_joint")
+    joint = "joint_from_acl"  # the phase's joint CE run: stage 2 from the ACL run
+    add("acl-cl-same-start", "acl-cl-same-start", "acl_cl", joint, "accuracy",
+        per.get("acl_cl"), per.get(joint))  # fmt: skip
+    _exit_pairs(add, "acl-cl-same-start", "acl-cl-same-start", per, "acl_cl", joint)
     if "acl_cl_plain" in per:
-        _exit_pairs(add, "acl-cl-same-start", "acl-cl-same-start", per, "acl_cl_plain",
-                    "multi_exit_joint")  # fmt: skip
+        _exit_pairs(add, "acl-cl-same-start", "acl-cl-same-start", per, "acl_cl_plain", joint)
     return found
 
 
