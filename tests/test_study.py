@@ -4,6 +4,7 @@ recomputed here from hand-written runs: means, sample stds, paired differences, 
 import csv
 import json
 import math
+import multiprocessing
 import re
 import shutil
 import statistics
@@ -25,6 +26,27 @@ from fairseq_helpers import (
     make_dataset_with_test,
     train_args,
 )
+
+
+def _choose_many(work: str, prefix: str, n: int) -> None:
+    chain = study.Study(Path(work), "fewshot-dev")
+    for i in range(n):
+        chain.choose(f"{prefix}{i}", {"0.0001": float(i)}, 1e-4)
+
+
+def test_two_chains_of_one_phase_lose_no_choice(tmp_path):
+    """Two processes choosing into one choices.json at once (two ``--methods`` chains of a
+    phase): every choice of both is in the file afterwards."""
+    context = multiprocessing.get_context("fork")
+    chains = [context.Process(target=_choose_many, args=(str(tmp_path), p, 150)) for p in "ab"]
+    for chain in chains:
+        chain.start()
+    for chain in chains:
+        chain.join(timeout=120)
+        assert chain.exitcode == 0
+    chosen = json.loads((tmp_path / "runs" / "fewshot-dev" / "choices.json").read_text())
+    assert set(chosen) == {f"{p}{i}" for p in "ab" for i in range(150)}
+    assert chosen["b7"] == {"chosen": 1e-4, "dev_accuracy": {"0.0001": 7.0}}
 
 
 def test_movie_splits_keep_the_demos_dev_and_test():

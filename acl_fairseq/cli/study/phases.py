@@ -32,6 +32,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import subprocess
@@ -132,11 +133,17 @@ class Study:
         return {}
 
     def choose(self, key: str, scores: dict[str, float], value) -> None:
-        """Records the choice ``key = value`` with the dev scores it was made from."""
-        data = self.choices()
-        data[key] = {"chosen": value, "dev_accuracy": scores}
+        """Records the choice ``key = value`` with the dev scores it was made from. Two chains
+        of one phase (``--methods``) choose into the same file: the read-modify-write holds a
+        lock and the file is replaced whole, so no choice is lost and none is read half-written."""
         self.root.mkdir(parents=True, exist_ok=True)
-        self.choices_file.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        with open(self.root / "choices.lock", "a", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            data = self.choices()
+            data[key] = {"chosen": value, "dev_accuracy": scores}
+            partial = self.choices_file.with_suffix(".json.partial")
+            partial.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+            os.replace(partial, self.choices_file)
         print(f"{self.task}: chose {key} = {value} on dev ({scores})", flush=True)
 
     def chosen(self, key: str):
