@@ -14,6 +14,7 @@ import pytest
 from scipy import stats
 
 from acl_fairseq.cli.study import data as study_data
+from acl_fairseq.cli.study import paired as study_paired
 from acl_fairseq.cli.study import phases as study
 from acl_fairseq.cli.study import records as study_records
 from acl_fairseq.cli.study import report as study_report
@@ -47,6 +48,23 @@ def test_two_chains_of_one_phase_lose_no_choice(tmp_path):
     chosen = json.loads((tmp_path / "runs" / "fewshot-dev" / "choices.json").read_text())
     assert set(chosen) == {f"{p}{i}" for p in "ab" for i in range(150)}
     assert chosen["b7"] == {"chosen": 1e-4, "dev_accuracy": {"0.0001": 7.0}}
+
+
+def test_fewshot_dev_reports_a_draw_once_every_learning_rate_ran():
+    """fewshot-dev: per draw, the run of the best dev accuracy over the learning rates (the
+    first on a tie); a draw whose learning rates have not all run yet is not reported."""
+
+    def run(draw: int, lr: float, dev: float, task: str = "fewshot-dev") -> dict:
+        folder = f"{task}/k16/d{draw}/{study.lr_name(lr)}"
+        return {"folder": folder, "run": f"ce-seed{draw}", "method": "ce", "seed": draw,
+                "dev_accuracy": dev}  # fmt: skip
+
+    lrs = round2.FEWSHOT_DEV_LRS
+    done = [run(1, lr, dev) for lr, dev in zip(lrs, (60.0, 65.0, 65.0))]
+    unfinished = [run(2, lr, dev) for lr, dev in zip(lrs[:-1], (50.0, 70.0))]
+    other = [run(1, lr, 90.0, task="fewshot-other") for lr in lrs]
+    draws = study_paired.fewshot_draws([*other, *unfinished, *done[::-1]], "fewshot-dev")
+    assert dict(draws) == {(16, "ce"): {1: done[1]}}
 
 
 def test_movie_splits_keep_the_demos_dev_and_test():

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from acl_fairseq.cli.study.records import mean_std, predictions_of
-from acl_fairseq.cli.study.round2 import MAIN_LAMBDA
+from acl_fairseq.cli.study.round2 import FEWSHOT_DEV_LRS, MAIN_LAMBDA
 from acl_fairseq.paired_tests import holm, mcnemar, paired_bootstrap, seed_t_test
 
 PAIRED_COLUMNS = [
@@ -134,9 +134,12 @@ def lambdas(per: dict[str, dict[int, dict]]) -> list[str]:
 def fewshot_draws(records: list[dict], task: str) -> dict[tuple[int, str], dict[int, dict]]:
     """``(sentences per class, method) -> {draw: record}`` of a few-shot study (folders
     ``TASK/kK/sS`` or, with the learning rate chosen per draw on its small dev,
-    ``TASK/kK/dD/lrX``: the run of the best dev accuracy, the first learning rate on ties)."""
+    ``TASK/kK/dD/lrX``: the run of the best dev accuracy, the first learning rate on ties; a
+    draw is left out until every learning rate of ``FEWSHOT_DEV_LRS`` has its run, since its
+    choice is not made before)."""
     out: dict[tuple[int, str], dict[int, dict]] = defaultdict(dict)
     best: dict[tuple[int, str, int], dict] = {}
+    tried: dict[tuple[int, str, int], int] = defaultdict(int)
     for r in sorted(records, key=lambda r: (r["folder"], r["run"])):
         parts = r["folder"].split("/")
         if parts[0] != task:
@@ -146,10 +149,12 @@ def fewshot_draws(records: list[dict], task: str) -> dict[tuple[int, str], dict[
             out[(k, r["method"])][r["seed"]] = r
             continue
         key = (k, r["method"], int(parts[2][1:]))  # TASK/kK/dD/lrX
+        tried[key] += 1
         if key not in best or r["dev_accuracy"] > best[key]["dev_accuracy"]:
             best[key] = r
     for (k, method, draw), r in sorted(best.items(), key=lambda kv: kv[0]):
-        out[(k, method)][draw] = r
+        if tried[(k, method, draw)] == len(FEWSHOT_DEV_LRS):
+            out[(k, method)][draw] = r
     return out
 
 
