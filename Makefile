@@ -24,4 +24,4 @@ lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 benchmark: setup
-	$(BIN)/python benchmarks/train_cost.py
+	$(BIN)/python -m benchmarks.train_cost

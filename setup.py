@@ -30,7 +30,6 @@ setup(
             "acl-fairseq-predict = acl_fairseq.cli.predict:main",
             "acl-fairseq-plots = acl_fairseq.cli.plots:main",
             "acl-fairseq-demo = acl_fairseq.cli.demo:main",
-            "acl-fairseq-study = acl_fairseq.cli.study:main",
             "acl-fairseq-fewshot = acl_fairseq.cli.fewshot:main",
         ]
     },

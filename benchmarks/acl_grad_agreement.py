@@ -13,7 +13,7 @@ any value afterwards; resumable, see acl-fairseq-compare), then prints, per meth
 threshold, the fraction of updates on which the scope's decision agrees with the exact one,
 how many each would drop, and the Pearson correlation of the two angles::
 
-    python benchmarks/acl_grad_agreement.py demo_work/data/rt-1600-600-2000-bin \\
+    python -m benchmarks.acl_grad_agreement demo_work/data/rt-1600-600-2000-bin \\
         --restore-file demo_work/minilm-fairseq/model.pt \\
         --arch-args-file demo_work/minilm-fairseq/fairseq_args.txt --out AGREEMENT --top-k 1,2,3
 

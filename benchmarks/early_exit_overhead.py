@@ -8,7 +8,7 @@ measures the same on its model).
 * Fraction of the layer-count ideal at the thresholds of part 2 (goals: >= 0.95 at batch B,
   >= 0.9 at batch 1).
 
-Medians over ``rounds`` interleaved rounds (``acl_fairseq.early_exit.measure.sweep``).
+Medians over ``rounds`` interleaved rounds (``acl_fairseq.inference.measure.sweep``).
 
 Run on its own, it prints one table for batch 1 and batch B, short (~20 tokens) and long
 (128 tokens) inputs: the plain forward's time, the ``entropy:1e-30`` overhead and, at entropy
@@ -16,7 +16,7 @@ thresholds giving mean exit layers of about 2, 3 and 4 (random MiniLM-L6-sized w
 staggered exit heads, as ``inference_speed.py`` part 2), the layer-count and wall-clock
 speed-ups and their ratio::
 
-    OMP_NUM_THREADS=1 python benchmarks/early_exit_overhead.py --threads 1 [--pooling mean]
+    OMP_NUM_THREADS=1 python -m benchmarks.early_exit_overhead --threads 1 [--pooling mean]
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ from typing import Any
 import torch
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
-from acl_fairseq.early_exit.benchmark import (
+from acl_fairseq.early_exit.policies import EntropyPolicy
+from acl_fairseq.early_exit.thresholds import collect_exits
+from acl_fairseq.inference.measure import Batch, sweep
+from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
+from benchmarks.common import (
     GOAL_FRACTION,
     GOAL_FRACTION_BATCHED,
     GOAL_OVERHEAD,
@@ -43,10 +47,6 @@ from acl_fairseq.early_exit.benchmark import (
     single_rows,
     stagger_exit_heads,
 )
-from acl_fairseq.early_exit.measure import Batch, sweep
-from acl_fairseq.early_exit.policies import EntropyPolicy
-from acl_fairseq.early_exit.thresholds import collect_exits
-from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
 
 NOBODY_LEAVES = 1e-30
 

@@ -13,7 +13,7 @@ every row staying to the last layer, so the ratio is the exits' cost alone:
 * ``exits 2,4`` / ``exit 3``: a per-exit policy that evaluates only some exits (the skip list
   the sweep's calibration writes when an exit does not pay for its head, ``--head-cost``);
 * ``all exits, bf16 heads`` / ``int8 heads`` (fp32 encoder only): only the shallow heads'
-  ``dense`` in low precision (``inference_precision.prepare_exit_heads``).
+  ``dense`` in low precision (``benchmarks.exit_heads``).
 
 The precisions are ``--dtypes`` (``prepare_for_inference``: the heads go with the encoder).
 The last row is the measured head cost in layers, ``(all exits - plain) / exits / (plain /
@@ -24,7 +24,7 @@ Random MiniLM-L6-sized weights, or ``--checkpoint CKPT --data DATA`` (its ``--sp
 sentences). Interleaved rounds after a warm-up, medians of the per-round ratios; timings only
 mean something on an idle machine::
 
-    OMP_NUM_THREADS=1 python benchmarks/exit_cost_batch1.py --threads 1 --rounds 9
+    OMP_NUM_THREADS=1 python -m benchmarks.exit_cost_batch1 --threads 1 --rounds 9
 """
 
 from __future__ import annotations
@@ -44,21 +44,21 @@ import torch
 from torch import Tensor
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
-from acl_fairseq.early_exit.benchmark import (
+from acl_fairseq.early_exit.per_exit import PerExitEntropyPolicy
+from acl_fairseq.early_exit.policies import EntropyPolicy, ExitPolicy
+from acl_fairseq.inference.precision import (
+    check_precision,
+    prepare_for_inference,
+)
+from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
+from benchmarks.common import (
     GOAL_OVERHEAD,
     build_fairseq_model,
     build_hf_model,
     machine_description,
     random_bert_batch,
 )
-from acl_fairseq.early_exit.per_exit import PerExitEntropyPolicy
-from acl_fairseq.early_exit.policies import EntropyPolicy, ExitPolicy
-from acl_fairseq.inference_precision import (
-    check_precision,
-    prepare_exit_heads,
-    prepare_for_inference,
-)
-from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
+from benchmarks.exit_heads import prepare_exit_heads
 
 NOBODY = 1e-30  # an entropy threshold no row passes: every exit evaluated, nobody leaves
 PLAIN = "plain forward"
@@ -80,8 +80,8 @@ def random_model(pooling: str, length: int) -> tuple[Any, list[Tensor]]:
 
 def checkpoint_model(checkpoint: str, data: str, split: str) -> tuple[Any, list[Tensor]]:
     """The checkpoint's model and its ``split`` sentences, one row each."""
-    from acl_fairseq.checkpoint.inference import load_for_inference
     from acl_fairseq.data.splits import load_batches
+    from acl_fairseq.inference.loader import load_for_inference
 
     model, task, _ = load_for_inference(checkpoint, data, "cpu", multi_exit=True)
     pad = task.source_dictionary.pad()

@@ -25,7 +25,7 @@ test accuracy, and the layer-count speed-up on test (``L / mean exit layer``). W
 ``--head-cost C`` (an exit head's time in layers, e.g. 0.1 at batch 1) the per-exit search also
 drops exits that do not pay for their head, and ``cost`` adds C per head evaluated.
 
-    python benchmarks/exit_policies_on_dev.py CKPT DATA --drops 0.5,1 [--dtype bf16]
+    python -m benchmarks.exit_policies_on_dev CKPT DATA --drops 0.5,1 [--dtype bf16]
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from typing import Any
 import torch
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
-from acl_fairseq.checkpoint.inference import load_for_inference
 from acl_fairseq.data.splits import load_batches
 from acl_fairseq.early_exit.calibrate import (
     best_patience,
@@ -50,7 +49,8 @@ from acl_fairseq.early_exit.calibrate import (
 from acl_fairseq.early_exit.policies import ExitPolicy
 from acl_fairseq.early_exit.risk_control import risk_controlled_per_exit, risk_controlled_single
 from acl_fairseq.early_exit.thresholds import TargetError, collect_exits, oracle_exits
-from acl_fairseq.inference_precision import PRECISIONS
+from acl_fairseq.inference.loader import load_for_inference
+from acl_fairseq.inference.precision import PRECISIONS
 from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
 
 

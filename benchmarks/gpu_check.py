@@ -22,9 +22,9 @@ checkpoints go to ``--out``.
 ``DATA`` is a binarized ``sentence_prediction`` folder (``acl-fairseq-prepare``);
 ``MODEL_DIR`` holds ``model.pt`` and ``fairseq_args.txt`` (``acl-fairseq-convert-bert``).
 
-    python benchmarks/gpu_check.py DATA MODEL_DIR                       # everything, 300 updates
-    python benchmarks/gpu_check.py DATA MODEL_DIR --precisions bf16 --layouts 2 --updates 100
-    python benchmarks/gpu_check.py DATA MODEL_DIR --cpu --updates 8     # rehearsal on CPU
+    python -m benchmarks.gpu_check DATA MODEL_DIR                       # everything, 300 updates
+    python -m benchmarks.gpu_check DATA MODEL_DIR --precisions bf16 --layouts 2 --updates 100
+    python -m benchmarks.gpu_check DATA MODEL_DIR --cpu --updates 8     # rehearsal on CPU
 
 Budget: 18 runs; each costs fairseq's start (about 10-20 s) plus ``--updates`` updates
 (MiniLM-L6, batch 32: a few hundredths of a second per update on a recent GPU).
@@ -44,7 +44,7 @@ scikit-learn packaging``, for that Python) and this repository, then::
         omegaconf==2.3.0 bitarray sacrebleu regex tqdm cffi scikit-learn packaging
     pip install --no-build-isolation --no-deps fairseq-fixed-0.12.3.1.tar.gz  # builds (~3 min)
     pip install --no-deps -e .                                 # this plugin, from its checkout
-    python benchmarks/gpu_check.py DATA MODEL_DIR
+    python -m benchmarks.gpu_check DATA MODEL_DIR
 
 (``--no-build-isolation`` builds against the installed CUDA torch instead of downloading
 another; ``--no-deps`` keeps pip from pulling torchaudio and a second torch.)

@@ -12,9 +12,9 @@ On a multi-exit checkpoint and its data folder, at ``--batch-sizes`` (1, 32) and
   Runtime's ``quantize_dynamic`` (int8 weights per channel), run by ``onnxruntime`` with the
   same thread count. Skipped, with the reason, when it is not installed
   (``pip install -e .[bench]``: onnxruntime, onnx, onnxscript; none of them pulls a torch).
-* **this project** at ``--dtypes fp32,bf16,int8`` (``acl_fairseq.inference_precision``), at
+* **this project** at ``--dtypes fp32,bf16,int8`` (``acl_fairseq.inference.precision``), at
   full depth and with the deployable policies *chosen on* ``--dev`` at that precision
-  (``acl_fairseq.early_exit.deploy.choose``: for each of ``--kinds``, the fastest policy
+  (``acl_fairseq.inference.deploy.choose``: for each of ``--kinds``, the fastest policy
   within ``--max-accuracy-drop`` read per ``--constraint``, as ``acl-fairseq-sweep``
   deploys it), plus any ``--policies`` given as they are.
 
@@ -24,9 +24,9 @@ untimed first pass per configuration that also gives the accuracy and the exits)
 speed-up over HF fp32 (median of the per-round ratios). Timings mean something only on an idle
 machine; ``--out FILE.md`` / ``FILE.csv`` writes the table::
 
-    OMP_NUM_THREADS=2 python benchmarks/inference_anchors.py CKPT DATA --rounds 5 \\
+    OMP_NUM_THREADS=2 python -m benchmarks.inference_anchors CKPT DATA --rounds 5 \\
         --out anchors.md
-    python benchmarks/inference_anchors.py CKPT DATA --max-examples 64 --rounds 1   # smoke run
+    python -m benchmarks.inference_anchors CKPT DATA --max-examples 64 --rounds 1   # smoke run
 """
 
 from __future__ import annotations
@@ -48,14 +48,14 @@ import torch
 from torch import Tensor, nn
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
-from acl_fairseq.checkpoint.inference import load_for_inference
 from acl_fairseq.data.splits import load_batches
-from acl_fairseq.early_exit import deploy
 from acl_fairseq.early_exit.calibrate import CONSTRAINTS
 from acl_fairseq.early_exit.policies import POLICIES, ExitPolicy, parse_policy
 from acl_fairseq.early_exit.thresholds import TargetError, collect_exits
 from acl_fairseq.hf_bert.state import LAYER_MAP
-from acl_fairseq.inference_precision import check_precision, prepare_for_inference
+from acl_fairseq.inference import deploy
+from acl_fairseq.inference.loader import load_for_inference
+from acl_fairseq.inference.precision import check_precision, prepare_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 HEAD = DEFAULT_HEAD

@@ -20,9 +20,9 @@
 Everything runs in one process, eval mode, ``torch.no_grad``, the same thread count, with
 interleaved rounds (medians)::
 
-    python benchmarks/inference_speed.py                 # random MiniLM-L6-sized weights
-    python benchmarks/inference_speed.py --hf-dir HF_BERT_DIR --threads 4
-    python benchmarks/inference_speed.py --checkpoint CKPT --data DATA-BIN
+    python -m benchmarks.inference_speed                 # random MiniLM-L6-sized weights
+    python -m benchmarks.inference_speed --hf-dir HF_BERT_DIR --threads 4
+    python -m benchmarks.inference_speed --checkpoint CKPT --data DATA-BIN
 """
 
 from __future__ import annotations
@@ -41,9 +41,13 @@ import torch
 from torch import Tensor
 
 import acl_fairseq  # noqa: F401  (registers the plugin)
-from acl_fairseq.checkpoint.inference import load_for_inference
 from acl_fairseq.data.splits import load_batches
-from acl_fairseq.early_exit.benchmark import (
+from acl_fairseq.early_exit.policies import EntropyPolicy
+from acl_fairseq.early_exit.thresholds import collect_exits, simulate_exits
+from acl_fairseq.inference.loader import load_for_inference
+from acl_fairseq.inference.measure import Batch, sweep
+from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
+from benchmarks.common import (
     GOAL_FRACTION,
     GOAL_FRACTION_BATCHED,
     GOAL_OVERHEAD,
@@ -56,10 +60,6 @@ from acl_fairseq.early_exit.benchmark import (
     single_rows,
     stagger_exit_heads,
 )
-from acl_fairseq.early_exit.measure import Batch, sweep
-from acl_fairseq.early_exit.policies import EntropyPolicy
-from acl_fairseq.early_exit.thresholds import collect_exits, simulate_exits
-from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
 
 GOAL_THROUGHPUT_RATIO = 1.0
 GOAL_FRACTION_AT_B = 0.85  # part 2: batch B, thresholds of mean exit layers 2, 3, 4

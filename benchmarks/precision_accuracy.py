@@ -9,7 +9,7 @@ so the same batches). A Markdown table to stdout.
 
 Usage (the demo's protocol; docs/results.md, "bf16 mixed precision")::
 
-    python benchmarks/precision_accuracy.py RESULTS_FP32 RESULTS_BF16 --names fp32,bf16
+    python -m benchmarks.precision_accuracy RESULTS_FP32 RESULTS_BF16 --names fp32,bf16
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from acl_fairseq.acl_grad import read_angle_log
-from acl_fairseq.compare_results import load_results
-from acl_fairseq.paired_tests import mcnemar
-from acl_fairseq.predictions import PREDICTIONS_FILE, read_predictions
+from acl_fairseq.experiment.paired_tests import mcnemar
+from acl_fairseq.experiment.predictions import PREDICTIONS_FILE, read_predictions
+from acl_fairseq.experiment.results import load_results
 
 
 def runs_by_name(out: Path) -> dict[str, dict]:

@@ -12,10 +12,10 @@ update has allocated the optimizer state (``--no-memory`` skips these processes)
 ``--autocast bf16``, fp32 weights; on CPU or CUDA): one more column gives each row's ratio to
 the same method in fp32.
 
-    python benchmarks/train_cost.py                      # MiniLM-L6 sized, batch 32, length 128
-    python benchmarks/train_cost.py --layers 12 --dim 768 --heads 12 --ffn 3072   # BERT-base
-    python benchmarks/train_cost.py --top-k 1,2,3        # --acl-grad-scope top:1..3 rows
-    python benchmarks/train_cost.py --precision fp32,bf16 --methods ce,acl   # CE, exact ACL-Grad
+    python -m benchmarks.train_cost                      # MiniLM-L6 sized, batch 32, length 128
+    python -m benchmarks.train_cost --layers 12 --dim 768 --heads 12 --ffn 3072   # BERT-base
+    python -m benchmarks.train_cost --top-k 1,2,3        # --acl-grad-scope top:1..3 rows
+    python -m benchmarks.train_cost --precision fp32,bf16 --methods ce,acl   # CE, exact ACL-Grad
 """
 
 import argparse

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from acl_fairseq import recipe
-from acl_fairseq.fairseq_log import json_records  # noqa: F401  (used by the tests)
+from acl_fairseq.experiment import recipe
+from acl_fairseq.experiment.fairseq_log import json_records  # noqa: F401  (used by the tests)
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]

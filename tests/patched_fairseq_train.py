@@ -18,9 +18,6 @@ in ``$ACL_TEST_PATCHES`` (a comma list). The plugin itself never applies them.
 
 import os
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's acl_fairseq
 
 
 def cpu_fp16() -> None:

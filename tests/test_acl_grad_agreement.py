@@ -9,12 +9,12 @@ import pytest
 
 from fairseq_helpers import REPO
 
-SCRIPT = REPO / "benchmarks" / "acl_grad_agreement.py"
+SCRIPT = ["-m", "benchmarks.acl_grad_agreement"]  # run from the checkout (cwd=REPO)
 
 
 def logs_only(out_dir):
-    cmd = [sys.executable, str(SCRIPT), "--logs-only", "--out", str(out_dir)]
-    return subprocess.run(cmd, capture_output=True, text=True)
+    cmd = [sys.executable, *SCRIPT, "--logs-only", "--out", str(out_dir)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
 
 
 def table_cells(stdout: str, run: str) -> list[list[str]]:

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from acl_fairseq import fairseq_log
 from acl_fairseq.acl_grad import AngleRecord
 from acl_fairseq.cli.compare import cli as compare_cli
 from acl_fairseq.cli.compare import plan, report
 from acl_fairseq.cli.compare import run as runner
-from acl_fairseq.compare_results import summarize
+from acl_fairseq.console.help_format import HelpFormatter
 from acl_fairseq.data.splits import count_classes, count_examples
-from acl_fairseq.help_format import HelpFormatter
-from acl_fairseq.recipe import CONTRASTIVE_METHODS, METHODS, multi_exit_arch
+from acl_fairseq.experiment import fairseq_log
+from acl_fairseq.experiment.recipe import CONTRASTIVE_METHODS, METHODS, multi_exit_arch
+from acl_fairseq.experiment.results import summarize
 
 from compare_fakes import fake_results, md_table
 from fairseq_helpers import TINY_ROBERTA

@@ -12,7 +12,7 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from test_losses import naive_supcon
 
-from acl_fairseq.input_checks import check_num_classes
+from acl_fairseq.tasks.input_checks import check_num_classes
 
 NUM_CLASSES = 3
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from fairseq.data import Dictionary
 
-from acl_fairseq.input_checks import check_lengths, check_split_files
+from acl_fairseq.tasks.input_checks import check_lengths, check_split_files
 
 from fairseq_helpers import (
     binarize,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from acl_fairseq.cli.demo import cli as demo
-from acl_fairseq.precision import cpu_has_native_bf16
-from acl_fairseq.recipe import flag_value
+from acl_fairseq.cpu_features import has_native_bf16
+from acl_fairseq.experiment.recipe import flag_value
 
 from fairseq_helpers import NEGATIVE, NEUTRAL, POSITIVE, REPO
 from tiny_bert import tiny_bert
@@ -59,13 +59,13 @@ bugs\t\t: sysret_ss_attrs
      ("", False)],
 )  # fmt: skip
 def test_native_bf16_is_read_from_the_cpu_flags(flags, native):
-    assert cpu_has_native_bf16(CPUINFO.format(flags=flags)) is native  # not from "vmx flags"
+    assert has_native_bf16(CPUINFO.format(flags=flags)) is native  # not from "vmx flags"
 
 
 def test_the_demo_trains_in_bf16_where_the_cpu_has_it(monkeypatch):
-    monkeypatch.setattr(demo, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(demo, "has_native_bf16", lambda: True)
     assert [demo.resolve_autocast(c) for c in ("auto", "none", "bf16")] == ["bf16", "none", "bf16"]
-    monkeypatch.setattr(demo, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(demo, "has_native_bf16", lambda: False)
     assert [demo.resolve_autocast(c) for c in ("auto", "none", "bf16")] == ["none", "none", "bf16"]
 
 

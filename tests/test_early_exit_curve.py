@@ -109,7 +109,7 @@ def test_choose_row_for_a_target() -> None:
 
 
 def test_policy_file_round_trip_and_errors(tmp_path: Path) -> None:
-    from acl_fairseq.early_exit.saved_policy import POLICY_FILE, read_policy, write_policy
+    from acl_fairseq.inference.saved_policy import POLICY_FILE, read_policy, write_policy
 
     ckpt = tmp_path / "checkpoint_best.pt"
     ckpt.write_bytes(b"")
@@ -131,7 +131,7 @@ def test_policy_file_round_trip_and_errors(tmp_path: Path) -> None:
 def test_policy_file_with_precisions_round_trips(tmp_path: Path) -> None:
     """What predict needs to reproduce the choice: the kind and thresholds (the per-exit
     spec, its skip list), the precision, every precision's policy, how it was chosen."""
-    from acl_fairseq.early_exit.saved_policy import POLICY_FILE, read_policy, write_policy
+    from acl_fairseq.inference.saved_policy import POLICY_FILE, read_policy, write_policy
 
     ckpt = tmp_path / "checkpoint_best.pt"
     ckpt.write_bytes(b"")

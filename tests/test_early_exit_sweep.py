@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from acl_fairseq.checkpoint.inference import load_for_inference
 from acl_fairseq.cli.sweep import main as sweep_main
 from acl_fairseq.data.splits import load_batches
-from acl_fairseq.early_exit.measure import sweep
 from acl_fairseq.early_exit.policies import ExitPolicy, make_policy
 from acl_fairseq.early_exit.table import COLUMNS, format_markdown, write_table
 from acl_fairseq.early_exit.thresholds import (
@@ -24,6 +22,8 @@ from acl_fairseq.early_exit.thresholds import (
     exit_accuracies,
     simulate_exits,
 )
+from acl_fairseq.inference.loader import load_for_inference
+from acl_fairseq.inference.measure import sweep
 from acl_fairseq.models.types import EarlyExitResult, ExitOutput
 
 from fairseq_helpers import BIN, TINY_MULTI_EXIT, fairseq_train, run, train_args

@@ -1,7 +1,7 @@
-"""The few-shot protocol (``acl_fairseq.fewshot``, ``acl-fairseq-fewshot``): the draws (k per
-class, a disjoint dev of the same size, deterministic, the study's draws), the learning rate
-chosen on dev, the table and its paired tests, the tool's input errors, and a whole run on tiny
-data and a tiny model."""
+"""The few-shot protocol (``acl_fairseq.experiment.fewshot``, ``acl-fairseq-fewshot``): the
+draws (k per class, a disjoint dev of the same size, deterministic, the study's draws), the
+learning rate chosen on dev, the table and its paired tests, the tool's input errors, and a
+whole run on tiny data and a tiny model."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from acl_fairseq import fewshot
 from acl_fairseq.cli.compare import cli as compare_cli
 from acl_fairseq.cli.fewshot import cli as fewshot_cli
 from acl_fairseq.data.splits import fewshot_train, fewshot_train_dev, split_off
+from acl_fairseq.experiment import fewshot
 
 from fairseq_helpers import TINY_ROBERTA, write_tsv
 

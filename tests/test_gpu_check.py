@@ -1,6 +1,5 @@
 """benchmarks/gpu_check.py: its command lines, and its rehearsal on CPU (``--cpu``)."""
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -10,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import gpu_check
+
 from fairseq_helpers import REPO, TINY_ROBERTA, fairseq_train, train_args
 
-SCRIPT = REPO / "benchmarks" / "gpu_check.py"
-spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-gpu_check = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_check)
+SCRIPT = ["-m", "benchmarks.gpu_check"]  # run from the checkout (cwd=REPO)
 
 
 def model_dir(root: Path, flags: str) -> Path:
@@ -74,8 +72,8 @@ def test_usage_errors(sentiment_data, tmp_path):
         (["--updates", "5", "--warmup", "5"], "--updates must exceed --warmup"),
     ]:
         proc = subprocess.run(
-            [sys.executable, str(SCRIPT), str(sentiment_data), str(m), "--cpu", *args],
-            capture_output=True, text=True, timeout=120,
+            [sys.executable, *SCRIPT, str(sentiment_data), str(m), "--cpu", *args],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
         )  # fmt: skip
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
@@ -92,9 +90,9 @@ def test_cpu_rehearsal_of_every_precision_layout_and_fine_tune(sentiment_data, t
     shutil.copyfile(pretrain / "checkpoint_last.pt", m / "model.pt")
     out = tmp_path / "runs"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(sentiment_data), str(m), "--cpu", "--updates", "4",
+        [sys.executable, *SCRIPT, str(sentiment_data), str(m), "--cpu", "--updates", "4",
          "--warmup", "1", "--log-interval", "1", "--batch-size", "8", "--out", str(out)],
-        capture_output=True, text=True, timeout=1800,
+        capture_output=True, text=True, timeout=1800, cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = [line for line in proc.stdout.splitlines() if re.match(r"\| (fp32|fp16|bf16) \|", line)]

@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import copy
 import csv
-import sys
 
 import pytest
 import torch
 
-from fairseq_helpers import REPO
+from acl_fairseq.early_exit.policies import parse_policy
+from benchmarks import inference_anchors as anchors
+
 from tiny_models import HEAD, build_with_task, random_batch, train_tiny, write_dicts
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import inference_anchors as anchors  # noqa: E402
-
-from acl_fairseq.early_exit.policies import parse_policy  # noqa: E402
 
 
 @pytest.mark.parametrize("pooling", ["first", "mean"])
@@ -80,9 +76,9 @@ def test_policies_chosen_on_dev_meet_the_target_there(tmp_path):
     """``deployable``: per precision and kind, the policy ``acl-fairseq-sweep`` would deploy
     (agreement with the full model within the target on dev), or a note why not."""
     from acl_fairseq.early_exit.calibrate import evaluate
-    from acl_fairseq.early_exit.deploy import DeployTarget
     from acl_fairseq.early_exit.thresholds import collect_exits
-    from acl_fairseq.inference_precision import prepare_for_inference
+    from acl_fairseq.inference.deploy import DeployTarget
+    from acl_fairseq.inference.precision import prepare_for_inference
 
     model, task = build_with_task(write_dicts(tmp_path))
     model = train_tiny(model, task, steps=40)

@@ -14,19 +14,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from acl_fairseq.cpu_features import has_vnni
 from acl_fairseq.early_exit.policies import EntropyPolicy, PatiencePolicy, softmax_entropy
 from acl_fairseq.early_exit.thresholds import simulate_exits
-from acl_fairseq.inference_precision import (
+from acl_fairseq.inference.precision import (
     PRECISIONS,
-    Bf16Linear,
     Float32Logits,
     check_precision,
-    cpu_has_vnni,
     model_precision,
-    prepare_exit_heads,
     prepare_for_inference,
     quantized_linears,
 )
+from benchmarks.exit_heads import Bf16Linear, prepare_exit_heads
 
 from tiny_models import (
     HEAD,
@@ -277,7 +276,7 @@ def test_default_activation_range_follows_the_cpu(trained):
     model, _ = trained
     int8 = prepare_for_inference(copy.deepcopy(model), "int8")
     layer = next(iter(quantized_linears(int8).values()))
-    assert getattr(layer, "reduce_range", True) is (not cpu_has_vnni())
+    assert getattr(layer, "reduce_range", True) is (not has_vnni())
 
 
 @pytest.mark.parametrize("dtype", LOW)

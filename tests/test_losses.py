@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from acl_fairseq.losses import (
+from acl_fairseq.criterions.losses import (
     acl_embed_loss,
     cross_layer_loss,
     supcon_loss,

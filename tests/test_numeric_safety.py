@@ -22,7 +22,11 @@ from fairseq.logging import metrics
 from fairseq.trainer import Trainer
 
 import acl_fairseq  # noqa: F401  (registers the task, criterions and models)
-from acl_fairseq.losses import acl_embed_loss, cross_layer_loss, supervised_contrastive_loss
+from acl_fairseq.criterions.losses import (
+    acl_embed_loss,
+    cross_layer_loss,
+    supervised_contrastive_loss,
+)
 
 from fairseq_helpers import fairseq_train, json_records, train_args
 

@@ -6,8 +6,8 @@ import random
 import pytest
 from scipy import stats
 
-from acl_fairseq.paired_tests import holm, mcnemar, paired_bootstrap, seed_t_test
-from acl_fairseq.predictions import SplitPredictions, read_predictions, write_predictions
+from acl_fairseq.experiment.paired_tests import holm, mcnemar, paired_bootstrap, seed_t_test
+from acl_fairseq.experiment.predictions import SplitPredictions, read_predictions, write_predictions
 
 
 def naive_binomial_two_sided(b: int, n: int) -> float:

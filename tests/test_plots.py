@@ -13,7 +13,7 @@ import pytest
 
 from acl_fairseq.acl_grad import read_angle_log
 from acl_fairseq.cli.plots import cli as plots
-from acl_fairseq.predictions import read_predictions
+from acl_fairseq.experiment.predictions import read_predictions
 
 from compare_fakes import fake_results, md_table
 from fairseq_helpers import BIN, TINY_ROBERTA, make_dataset_with_test, run

@@ -1,18 +1,13 @@
 """benchmarks/precision_accuracy.py: two compare folders side by side, numbers from the runs."""
 
 import json
-import sys
 
 import pytest
 
 from acl_fairseq.acl_grad import AngleRecord, append_angle_record
-from acl_fairseq.paired_tests import mcnemar
-from acl_fairseq.predictions import SplitPredictions, write_predictions
-
-from fairseq_helpers import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import precision_accuracy  # noqa: E402
+from acl_fairseq.experiment.paired_tests import mcnemar
+from acl_fairseq.experiment.predictions import SplitPredictions, write_predictions
+from benchmarks import precision_accuracy
 
 
 def _run(out, name, method, labels, preds, angles):

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from acl_fairseq.checkpoint.inference import load_for_inference
 from acl_fairseq.cli.predict import cli as predict
 from acl_fairseq.data.splits import load_batches
 from acl_fairseq.data.text_encoder import ExampleEncoder
+from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 from fairseq_helpers import NEUTRAL, TINY_MULTI_EXIT, fairseq_train, prepare_tsv_task, train_args
@@ -223,7 +223,7 @@ def test_demo_last_step_classifies_example_sentences(trained) -> None:
 
 def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path, capsys) -> None:
     from acl_fairseq.cli import sweep
-    from acl_fairseq.early_exit.saved_policy import POLICY_FILE, read_policy
+    from acl_fairseq.inference.saved_policy import POLICY_FILE, read_policy
     from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
 
     ckpt = tmp_path / "model" / trained["ckpt"].name  # own folder: the fixture's stays bare
@@ -272,8 +272,8 @@ def test_sweep_dtypes_saves_a_policy_per_precision_that_predict_and_hub_use(
     """acl-fairseq-sweep --dtypes int8,fp32: both precisions' choices saved, int8 the default
     that predict (its --dtype) and the hub (from_pretrained's dtype) then run."""
     from acl_fairseq.cli import sweep
-    from acl_fairseq.early_exit.saved_policy import read_policy
-    from acl_fairseq.inference_precision import model_precision, quantized_linears
+    from acl_fairseq.inference.precision import model_precision, quantized_linears
+    from acl_fairseq.inference.saved_policy import read_policy
     from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
 
     ckpt = tmp_path / "model" / trained["ckpt"].name

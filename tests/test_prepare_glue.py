@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from acl_fairseq.cli.prepare import cli as prepare_cli
-from acl_fairseq.data import prepared, tasks, tokenize, tokenizers
+from acl_fairseq.data import prepared, task_specs, tokenize, tokenizers
 
 WORDS = "the a cat dog sat ran on under mat table big small red blue quickly slowly".split()
 NUM_TRAIN, NUM_DEV, NUM_TEST = 8, 5, 3
@@ -218,14 +218,14 @@ def test_meta_reader_rebuilds_the_recorded_tokenizer(tmp_path: Path) -> None:
     dictionary, dataset = load(bin_dir / "input0" / "train")
     for i in range(len(rows)):
         assert " ".join(tokenizer.tokenize(rows[i][0])) == dictionary.string(dataset[i])
-    with pytest.raises(tasks.DataError, match="not found"):
+    with pytest.raises(task_specs.DataError, match="not found"):
         prepared.read_meta(tmp_path)
 
 
 def test_glue_all_tasks(tmp_path: Path) -> None:
     """All 8 GLUE tasks in their official formats."""
     glue, out = tmp_path / "glue", tmp_path / "out"
-    expected = {task: write_glue_task(glue, task) for task in tasks.GLUE_TASKS}
+    expected = {task: write_glue_task(glue, task) for task in task_specs.GLUE_TASKS}
     assert run_main(["--glue-dir", glue, "--out-dir", out, "--tasks", "all"] + SPM_ARGS) == 0
     for task, rows in expected.items():
         check_task(out, task, rows)
@@ -244,13 +244,13 @@ def test_glue_table_matches_fairseq_recipe() -> None:
         "CoLA": ((4,), 2, (2,)),
     }
     for name, (inputs, label, test_inputs) in recipe.items():
-        spec = tasks.GLUE_TASKS[name]
+        spec = task_specs.GLUE_TASKS[name]
         train = spec.splits[0]
         assert (train.text_columns, train.label_column) == (inputs, label), name
         assert all(s.text_columns == test_inputs for s in spec.splits if s.kind == "test"), name
         assert train.header == (name != "CoLA")
-    assert [s.label_column for s in tasks.GLUE_TASKS["MNLI"].splits[1:3]] == [16, 16]
-    assert tasks.output_split_names(tasks.GLUE_TASKS["MNLI"].splits) == [
+    assert [s.label_column for s in task_specs.GLUE_TASKS["MNLI"].splits[1:3]] == [16, 16]
+    assert task_specs.output_split_names(task_specs.GLUE_TASKS["MNLI"].splits) == [
         "train", "valid", "valid1", "test", "test1"
     ]  # fmt: skip
 
@@ -300,22 +300,22 @@ def test_row_validation_units(tmp_path: Path) -> None:
     """No quoting, CRLF, BOM, strict field count for QQP, bad-row listing limit."""
     path = tmp_path / "x.tsv"
     path.write_bytes(b"\xef\xbb\xbfsentence\tlabel\r\n\"it's \t1\r\nbad \xff\t0\n\n")
-    rows = list(tasks.iter_tsv(path, header=True))
+    rows = list(task_specs.iter_tsv(path, header=True))
     assert rows == [(2, ["\"it's ", "1"]), (3, None), (4, [""])]
-    sst = tasks.GLUE_TASKS["SST-2"]
-    texts, label, reason = tasks.check_row(rows[0][1], sst.splits[0], sst)
+    sst = task_specs.GLUE_TASKS["SST-2"]
+    texts, label, reason = task_specs.check_row(rows[0][1], sst.splits[0], sst)
     assert (texts, label, reason) == (["\"it's"], "1", None)
-    assert "UTF-8" in tasks.check_row(None, sst.splits[0], sst)[2]
-    assert "missing field" in tasks.check_row([""], sst.splits[0], sst)[2]
-    qqp = tasks.GLUE_TASKS["QQP"]
+    assert "UTF-8" in task_specs.check_row(None, sst.splits[0], sst)[2]
+    assert "missing field" in task_specs.check_row([""], sst.splits[0], sst)[2]
+    qqp = task_specs.GLUE_TASKS["QQP"]
     seven_fields = ["1", "2", "3", "q1", "q2", "0", "x"]
-    assert "expected 6" in tasks.check_row(seven_fields, qqp.splits[0], qqp)[2]
-    stsb = tasks.GLUE_TASKS["STS-B"]
-    assert tasks.check_label("5.000", stsb) is None
-    assert "outside" in tasks.check_label("5.2", stsb)
-    assert "not a number" in tasks.check_label("high", stsb)
-    bad = [tasks.BadRow(path, i, "r") for i in range(25)]
-    text = tasks.format_bad_rows(bad)
+    assert "expected 6" in task_specs.check_row(seven_fields, qqp.splits[0], qqp)[2]
+    stsb = task_specs.GLUE_TASKS["STS-B"]
+    assert task_specs.check_label("5.000", stsb) is None
+    assert "outside" in task_specs.check_label("5.2", stsb)
+    assert "not a number" in task_specs.check_label("high", stsb)
+    bad = [task_specs.BadRow(path, i, "r") for i in range(25)]
+    text = task_specs.format_bad_rows(bad)
     assert text.count("x.tsv:") == 20 and "and 5 more" in text
 
 
@@ -363,7 +363,7 @@ def test_custom_wordpiece(tmp_path: Path) -> None:
     (moved / prepared.META_FILE).write_text(json.dumps(meta))
     assert prepared.meta_tokenizer_config(moved).vocab == str(moved / "tokenizer/vocab.txt")
     (moved / "tokenizer/vocab.txt").unlink()
-    with pytest.raises(tasks.DataError, match="tokenizer file .*vocab.txt .* not found"):
+    with pytest.raises(task_specs.DataError, match="tokenizer file .*vocab.txt .* not found"):
         prepared.meta_tokenizer(moved)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from acl_fairseq.recipe import multi_exit_arch
+from acl_fairseq.experiment.recipe import multi_exit_arch
 
 from fairseq_helpers import REPO, fairseq_train, train_args, write_tsv
 from tiny_bert import tiny_bert
@@ -31,7 +31,7 @@ TOOLS = sorted(p.name for p in (REPO / "acl_fairseq" / "cli").iterdir() if (p / 
 NOT_RUN = {
     "make demo": "the demo itself (tests/test_demo.py runs it on a tiny BERT); make test is "
     "this suite",
-    "python benchmarks/train_cost.py": "benchmarks: minutes each, measured on an idle machine",
+    "python -m benchmarks.train_cost": "benchmarks: minutes each, measured on an idle machine",
     "fairseq-train DATA --user-dir acl_fairseq --task acl_sentence_prediction \\": "its '...' "
     "stands for the recipe above, and TensorBoard is not a dependency",
     "acl_fairseq/": "the layout, checked against the tree by tests/test_layering.py",
@@ -75,7 +75,7 @@ def test_every_readme_block_is_run_or_says_why_not():
 def world(tmp_path_factory) -> dict[str, str]:
     """The stand-ins: tiny converted BERT ``M``, ``DATA`` and a pair model, input files."""
     root = tmp_path_factory.mktemp("readme")
-    from acl_fairseq.data.demo_assets import prepare_tsv
+    from acl_fairseq.experiment.demo_assets import prepare_tsv
     from acl_fairseq.hf_bert.convert import convert
 
     model = root / "M"

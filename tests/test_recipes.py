@@ -2,8 +2,8 @@
 and the install script.
 
 ``train.sh --dry-run`` is parsed for every task x method (and compared with the recipe's
-builder, ``acl_fairseq.recipe``) and the yaml files are composed; test_recipes_run.py runs the
-recipes for 2 updates on a tiny generated dataset with a tiny model.
+builder, ``acl_fairseq.experiment.recipe``) and the yaml files are composed;
+test_recipes_run.py runs the recipes for 2 updates on a tiny generated dataset with a tiny model.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import subprocess
 import pytest
 from omegaconf import OmegaConf
 
-from acl_fairseq.recipe import glue_commands
+from acl_fairseq.experiment.recipe import glue_commands
 
 from fairseq_helpers import BIN, REPO, USER_DIR
 
@@ -185,7 +185,7 @@ def test_dry_run_every_task_and_method(task, method):
 @pytest.mark.parametrize("method", list(METHODS))
 @pytest.mark.parametrize("task", list(TASKS))
 def test_train_sh_is_the_recipe_builders_command(task, method):
-    """train.sh writes in bash what ``acl_fairseq.recipe.glue_commands`` builds: the same
+    """train.sh writes in bash what ``acl_fairseq.experiment.recipe.glue_commands`` builds: the same
     command lines, flag for flag and in the same order (extra and stage-2 arguments too)."""
     extra = ["--contrastive-lambda", "0.3", "--arch", "roberta_large"]
     env = {"FP16": "1", "SAVE_DIR": "/ck", "SEED": "3", "STAGE2_ARGS": "--freeze-backbone"}

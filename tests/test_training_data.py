@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from acl_fairseq.checkpoint.inference import CheckpointError, load_for_inference
 from acl_fairseq.checkpoint.training_data import (
     KEY,
     DataMismatch,
@@ -24,6 +23,7 @@ from acl_fairseq.checkpoint.training_data import (
     describe_folder,
 )
 from acl_fairseq.cli.predict import cli as predict
+from acl_fairseq.inference.loader import CheckpointError, load_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 from fairseq_helpers import (
@@ -280,7 +280,7 @@ def test_hub_names_labels_and_refuses_other_folders(trained, tmp_path):
 def test_fairseq_train_on_a_raw_glue_folder_names_the_preparation(tmp_path):
     from types import SimpleNamespace
 
-    from acl_fairseq.input_checks import check_dictionaries
+    from acl_fairseq.tasks.input_checks import check_dictionaries
 
     (tmp_path / "SST-2").mkdir()
     for name in ("train.tsv", "dev.tsv"):

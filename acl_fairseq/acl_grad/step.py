@@ -78,8 +78,8 @@ from fairseq.logging import metrics
 from fairseq.optim.amp_optimizer import AMPOptimizer
 from torch import Tensor, nn
 
+from ..autocast import forward_precision
 from ..distributed import check_static_graph
-from ..precision import forward_precision
 from .angle_log import AngleRecord, append_angle_record
 from .angles import ContrastiveGradientBuffer, Decision, decide, gradient_angle
 from .config import AclGradSettings

@@ -1,2 +1,3 @@
-"""fairseq checkpoints: safe loading under torch >= 2.6 (``safe_loading``), the check that a
-checkpoint fits the model and data (``fits``), and loading one for inference (``inference``)."""
+"""fairseq checkpoints: safe loading under torch >= 2.6 (``safe_loading``), whether one fits the
+model and data (``fits``), the data it was trained on (``training_data``) and a reused
+``--save-dir`` (``resume``)."""

@@ -31,9 +31,9 @@ from torch import Tensor, nn
 
 from ..acl_grad.config import AclGradConfig
 from ..distributed import unwrap_model
-from ..losses import acl_embed_loss, cross_layer_loss
 from ..models.types import ExitOutput
 from .base import ContrastiveConfig
+from .losses import acl_embed_loss, cross_layer_loss
 from .multi_exit_ce import MultiExitCeConfig, MultiExitCeCriterion, exit_weights
 
 logger = logging.getLogger(__name__)

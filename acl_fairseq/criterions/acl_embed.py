@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from fairseq.criterions import register_criterion
 from torch import Tensor
 
-from ..losses import acl_embed_loss
 from .base import ContrastiveSentencePredictionConfig, ContrastiveSentencePredictionCriterion
+from .losses import acl_embed_loss
 
 
 @dataclass

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from ..acl_grad.config import AclGradConfig, AclGradSettings, add_acl_grad_switch
 from ..acl_grad.contract import AclGradTask, LossTerms
-from ..precision import full_precision
+from ..autocast import full_precision
 
 __all__ = [
     "ContrastiveConfig",

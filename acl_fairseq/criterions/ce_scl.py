@@ -11,8 +11,8 @@ from fairseq.criterions import register_criterion
 from torch import Tensor
 
 from ..acl_grad.config import acl_grad_switch
-from ..losses import supervised_contrastive_loss
 from .base import ContrastiveSentencePredictionConfig, ContrastiveSentencePredictionCriterion
+from .losses import supervised_contrastive_loss
 
 
 @dataclass

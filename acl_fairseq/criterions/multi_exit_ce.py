@@ -21,8 +21,8 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from torch import Tensor, nn
 
+from ..autocast import full_precision
 from ..distributed import call_through_wrappers
-from ..precision import full_precision
 from .base import LossTerms, LossTermsCriterion
 
 EXIT_WEIGHTING = ChoiceEnum(["layer", "uniform"])

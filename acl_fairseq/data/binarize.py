@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .prepared import write_meta
-from .tasks import BadRow, DataError, SplitData, TaskSpec, format_bad_rows, load_task
+from .task_specs import BadRow, DataError, SplitData, TaskSpec, format_bad_rows, load_task
 from .tokenize import sentencepiece_dictionary, tokenize_texts, train_sentencepiece
 from .tokenizer_files import relative_to, store_tokenizer
 from .tokenizers import TokenizerConfig

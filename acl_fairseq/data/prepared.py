@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .tasks import DataError
+from .task_specs import DataError
 from .tokenizer_files import resolve_tokenizer
 from .tokenizers import Tokenizer, TokenizerConfig, build_tokenizer
 

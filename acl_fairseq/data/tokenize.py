@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .tasks import DataError
+from .task_specs import DataError
 from .text_encoder import TextEncoder
 from .tokenizers import TokenizerConfig, build_tokenizer
 

@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .tasks import DataError
+from .task_specs import DataError
 from .tokenizers import TokenizerConfig
 
 TOKENIZER_DIR = "tokenizer"

@@ -8,7 +8,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from .tasks import DataError
+from .task_specs import DataError
 from .tokenizers import TOKENIZERS, TokenizerConfig
 
 __all__ = ["add_tokenizer_arguments", "model_folder_tokenizer", "tokenizer_config"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from .tasks import DataError
+from .task_specs import DataError
 from .tokenizers import TokenizerConfig
 
 MAX_UNK_SHARE = 0.05

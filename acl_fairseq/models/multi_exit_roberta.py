@@ -35,10 +35,10 @@ from torch import Tensor
 from ..checkpoint.training_data import checked_labels
 from ..data.prepared import META_FILE
 from ..data.text_encoder import ExampleEncoder, TextEncoder
-from ..early_exit.loop import run_early_exit
 from ..early_exit.policies import ExitPolicy, as_policy
-from ..early_exit.saved_policy import POLICY_FILE, read_policy
-from ..inference_precision import prepare_for_inference
+from ..inference.precision import prepare_for_inference
+from ..inference.saved_policy import POLICY_FILE, read_policy
+from .early_exit_loop import run_early_exit
 from .heads import DEFAULT_HEAD, POOLING_CHOICES, MultiExitClassificationHead, exit_head_name
 from .hub_interface import MultiExitRobertaHubInterface
 from .types import EarlyExitResult, ExitOutput
@@ -365,7 +365,7 @@ class MultiExitRobertaModel(RobertaModel):
         running rows' logits go to ``policy``; rows that exit are recorded and removed from
         the hidden states (T x B x C), the padding mask (B x T) and the policy state, and
         trailing columns that became all-pad are trimmed. Rows still running at the last
-        layer exit there. The loop lives in ``acl_fairseq.early_exit.loop``.
+        layer exit there. The loop lives in ``acl_fairseq.models.early_exit_loop``.
 
         Args:
             src_tokens: B x T token ids (``src_lengths`` etc. are ignored).

@@ -14,7 +14,7 @@ from training and stop at validation); a checkpoint of another vocabulary or arc
 (``--restore-file``); and a criterion that cannot train the model just built (its
 ``check_model``; a ``K`` of ``--acl-grad-scope top:K`` or ``--acl-grad-log-top-k`` beyond the
 encoder's layers), each with a message that names the flag or file and the fix; the data
-checks themselves live in ``acl_fairseq.input_checks``.
+checks themselves live in ``acl_fairseq.tasks.input_checks``.
 
 ``--group-by-length`` batches examples of similar length together (fairseq's random batches
 pad every example to the batch's longest, which for sentence pairs of uneven length costs
@@ -32,11 +32,11 @@ from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 
 from ..acl_grad import AclGrad, AclGradCriterion, AclGradLogConfig
+from ..autocast import AutocastConfig, check_autocast, forward_precision
 from ..checkpoint.fits import load_state_dict_checked
 from ..checkpoint.training_data import record_training_data
 from ..distributed import DataParallelConfig, check_unused_parameters
-from ..input_checks import check_dictionaries, check_lengths, check_num_classes, check_split_files
-from ..precision import AutocastConfig, check_autocast, forward_precision
+from .input_checks import check_dictionaries, check_lengths, check_num_classes, check_split_files
 
 
 @dataclass

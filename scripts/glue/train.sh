@@ -77,7 +77,7 @@ shift 2
 
 # ------------------------------------------------------------------ per-task settings
 # lr / batch size / total updates / warmup updates: fairseq's RoBERTa GLUE table
-# (acl_fairseq.recipe.GLUE_RECIPES).
+# (acl_fairseq.experiment.recipe.GLUE_RECIPES).
 METRIC_FLAGS=()
 BEST_METRIC=accuracy
 MAXIMIZE=1
@@ -267,7 +267,7 @@ if [[ -n $STAGE2_CRITERION ]]; then
 fi
 
 # ------------------------------------------------------------------ commands
-# The recipe's flags in the order of acl_fairseq.recipe.train_command / glue_commands, which
+# The recipe's flags in the order of acl_fairseq.experiment.recipe.train_command / glue_commands, which
 # this script mirrors (tests/test_recipes.py checks that both give the same commands).
 # build_cmd SAVE_DIR TASK CRITERION MULTI_EXIT(0|1) RESTORE... -- LAST...: sets CMD
 build_cmd() {

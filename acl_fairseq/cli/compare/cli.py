@@ -88,9 +88,9 @@ from acl_fairseq.cli.compare.plan import (
 )
 from acl_fairseq.cli.compare.report import write_report
 from acl_fairseq.cli.compare.run import Progress, RunFailed, execute, train_command
+from acl_fairseq.console.help_format import HelpFormatter
 from acl_fairseq.data.splits import count_classes, count_examples
-from acl_fairseq.help_format import HelpFormatter
-from acl_fairseq.recipe import METHODS, multi_exit_arch
+from acl_fairseq.experiment.recipe import METHODS, multi_exit_arch
 
 
 def build_parser() -> argparse.ArgumentParser:

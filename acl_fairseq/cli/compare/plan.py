@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from acl_fairseq.compare_results import SWEEP_METHODS
-from acl_fairseq.recipe import (
+from acl_fairseq.experiment.recipe import (
     ABLATIONS,
     CONTRASTIVE_METHODS,
     METHODS,
@@ -19,6 +18,7 @@ from acl_fairseq.recipe import (
     flag_value,
     model_flags,
 )
+from acl_fairseq.experiment.results import SWEEP_METHODS
 
 # every method compare runs, in training order (a stage-1 method before the stage-2 methods
 # restoring it); by default the main comparison, METHODS

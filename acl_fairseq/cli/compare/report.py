@@ -13,7 +13,8 @@ from typing import Any
 
 from acl_fairseq.acl_grad import AngleRecord
 from acl_fairseq.cli.compare.plan import format_lambda
-from acl_fairseq.compare_results import (
+from acl_fairseq.experiment.recipe import METHODS, MULTI_EXIT_METHODS
+from acl_fairseq.experiment.results import (
     METRIC_RE,
     SWEEP_METHODS,
     chosen_on_dev,
@@ -23,7 +24,6 @@ from acl_fairseq.compare_results import (
     main_results,
     summarize,
 )
-from acl_fairseq.recipe import METHODS, MULTI_EXIT_METHODS
 
 
 def angle_summary(rows: Sequence[AngleRecord]) -> dict[str, float] | None:

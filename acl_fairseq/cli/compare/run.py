@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acl_fairseq.acl_grad import read_angle_log
-from acl_fairseq.checkpoint.inference import load_for_inference
 from acl_fairseq.cli.compare.plan import (
     CE_SCL_ANGLE_THRESHOLD,
     Run,
@@ -25,12 +24,13 @@ from acl_fairseq.cli.compare.plan import (
     total_updates,
 )
 from acl_fairseq.cli.compare.report import angle_summary
-from acl_fairseq.compare_results import RESULT_FILE, write_result
-from acl_fairseq.fairseq_log import best_dev, json_records, test_metrics
-from acl_fairseq.paths import BIN, USER_DIR
-from acl_fairseq.predictions import PREDICTIONS_FILE, predict_split, write_predictions
-from acl_fairseq.recipe import criterion_flags, flag_groups, multi_exit_arch
-from acl_fairseq.recipe import train_command as fairseq_train_command
+from acl_fairseq.experiment.fairseq_log import best_dev, json_records, test_metrics
+from acl_fairseq.experiment.paths import BIN, USER_DIR
+from acl_fairseq.experiment.predictions import PREDICTIONS_FILE, predict_split, write_predictions
+from acl_fairseq.experiment.recipe import criterion_flags, flag_groups, multi_exit_arch
+from acl_fairseq.experiment.recipe import train_command as fairseq_train_command
+from acl_fairseq.experiment.results import RESULT_FILE, write_result
+from acl_fairseq.inference.loader import load_for_inference
 
 
 def method_flags(run: Run, opts: argparse.Namespace) -> list[str]:
@@ -287,7 +287,7 @@ def execute(
             f"{tag}: training {updates} updates; {progress.elapsed()}, {progress.eta(remaining)}",
             flush=True,
         )
-        # a run linked from another folder (acl-fairseq-study) is trained where it lives
+        # a run linked from another folder (python -m studies) is trained where it lives
         if run_dir.exists():
             shutil.rmtree(run_dir.resolve())
         run_dir.resolve().mkdir(parents=True)

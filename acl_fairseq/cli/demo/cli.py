@@ -23,12 +23,22 @@ import sys
 import time
 from pathlib import Path
 
-from acl_fairseq.data.demo_assets import converted_model, fetch_assets, polarity_rows, prepare_tsv
-from acl_fairseq.data.tasks import DataError
-from acl_fairseq.fairseq_log import test_metrics
-from acl_fairseq.paths import BIN, USER_DIR
-from acl_fairseq.precision import cpu_has_native_bf16
-from acl_fairseq.recipe import criterion_flags, model_flags, multi_exit_arch, train_command
+from acl_fairseq.cpu_features import has_native_bf16
+from acl_fairseq.data.task_specs import DataError
+from acl_fairseq.experiment.demo_assets import (
+    converted_model,
+    fetch_assets,
+    polarity_rows,
+    prepare_tsv,
+)
+from acl_fairseq.experiment.fairseq_log import test_metrics
+from acl_fairseq.experiment.paths import BIN, USER_DIR
+from acl_fairseq.experiment.recipe import (
+    criterion_flags,
+    model_flags,
+    multi_exit_arch,
+    train_command,
+)
 
 EXAMPLE_SENTENCES = [
     "a gripping, beautifully acted film that stays with you long after it ends .",
@@ -115,7 +125,7 @@ def run_logged(cmd: list[str], log_file: Path) -> None:
 def train(
     data: Path, model_dir: Path, save_dir: Path, method: str, args, restore: Path, epochs: int
 ) -> Path:
-    """Fine-tunes ``method`` (``ce``, ``acl``, ``acl_cl``: ``acl_fairseq.recipe``) from
+    """Fine-tunes ``method`` (``ce``, ``acl``, ``acl_cl``: ``acl_fairseq.experiment.recipe``) from
     ``restore`` into ``save_dir``; returns its best checkpoint on dev."""
     best = save_dir / "checkpoint_best.pt"
     if best.exists() and not args.force:
@@ -204,7 +214,7 @@ def resolve_autocast(choice: str) -> str:
     """``--autocast auto``: ``bf16`` on a CPU with bfloat16 instructions, else ``none``."""
     if choice != "auto":
         return choice
-    return "bf16" if cpu_has_native_bf16() else "none"
+    return "bf16" if has_native_bf16() else "none"
 
 
 def main(argv=None) -> None:

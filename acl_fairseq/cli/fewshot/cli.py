@@ -36,10 +36,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from acl_fairseq import fewshot
+from acl_fairseq.console.help_format import HelpFormatter
 from acl_fairseq.data.binarize import Options, prepare_tasks
 from acl_fairseq.data.splits import fewshot_train_dev, split_off
-from acl_fairseq.data.tasks import (
+from acl_fairseq.data.task_specs import (
     DataError,
     SplitSpec,
     TaskSpec,
@@ -52,7 +52,7 @@ from acl_fairseq.data.tokenizer_flags import (
     model_folder_tokenizer,
     tokenizer_config,
 )
-from acl_fairseq.help_format import HelpFormatter
+from acl_fairseq.experiment import fewshot
 
 PROG = "acl-fairseq-fewshot"
 Row = tuple[str, ...]

@@ -40,7 +40,10 @@ import numpy as np
 from acl_fairseq.acl_grad import read_angle_log
 from acl_fairseq.cli.plots.figures import COLORS, Skipped, main_runs, plt, save_plot, write_csv
 from acl_fairseq.cli.plots.tsne import plot_tsne
-from acl_fairseq.compare_results import (
+from acl_fairseq.console.help_format import HelpFormatter
+from acl_fairseq.early_exit.table import read_sweep
+from acl_fairseq.experiment.recipe import MULTI_EXIT_METHODS
+from acl_fairseq.experiment.results import (
     SWEEP_METHODS,
     chosen_on_dev,
     exit_layers_of,
@@ -49,9 +52,6 @@ from acl_fairseq.compare_results import (
     main_results,
     summarize,
 )
-from acl_fairseq.early_exit.table import read_sweep
-from acl_fairseq.help_format import HelpFormatter
-from acl_fairseq.recipe import MULTI_EXIT_METHODS
 
 EARLY_EXIT_CSV = (  # the CSV behind early_exit.png
     "label",

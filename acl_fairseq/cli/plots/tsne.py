@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from acl_fairseq.checkpoint.inference import load_for_inference
 from acl_fairseq.cli.plots.figures import Skipped, main_runs, plt, save_plot
+from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 

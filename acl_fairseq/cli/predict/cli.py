@@ -28,7 +28,6 @@ from typing import Any, TextIO
 import torch
 from torch import Tensor
 
-from acl_fairseq.checkpoint.inference import CheckpointError, load_for_inference
 from acl_fairseq.checkpoint.training_data import DataMismatch, checked_labels
 from acl_fairseq.cli.predict.inputs import (
     PredictError,
@@ -38,16 +37,17 @@ from acl_fairseq.cli.predict.inputs import (
     read_rows,
 )
 from acl_fairseq.data.prepared import read_meta
-from acl_fairseq.data.tasks import DataError
+from acl_fairseq.data.task_specs import DataError
 from acl_fairseq.data.text_encoder import ExampleEncoder
 from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
-from acl_fairseq.early_exit.saved_policy import (
+from acl_fairseq.inference.loader import CheckpointError, load_for_inference
+from acl_fairseq.inference.precision import PRECISIONS
+from acl_fairseq.inference.saved_policy import (
     POLICY_FILE,
     SavedPolicy,
     policy_path,
     read_policy,
 )
-from acl_fairseq.inference_precision import PRECISIONS
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 PROG = "acl-fairseq-predict"

@@ -64,7 +64,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acl_fairseq.data.binarize import Options, prepare_tasks
-from acl_fairseq.data.tasks import GLUE_TASKS, DataError, TaskSpec, resolve_tasks, tsv_task
+from acl_fairseq.data.task_specs import GLUE_TASKS, DataError, TaskSpec, resolve_tasks, tsv_task
 from acl_fairseq.data.tokenizer_flags import add_tokenizer_arguments, tokenizer_config
 
 logger = logging.getLogger("prepare_glue")

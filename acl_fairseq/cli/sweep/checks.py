@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from acl_fairseq.early_exit.deploy import DeployTarget
 from acl_fairseq.early_exit.policies import make_policy, policy_kind
 from acl_fairseq.early_exit.thresholds import Quantiles
-from acl_fairseq.inference_precision import check_precision
+from acl_fairseq.inference.deploy import DeployTarget
+from acl_fairseq.inference.precision import check_precision
 
 DEFAULT_QUANTILES = 10
 DEFAULT_DROPS = (0.0, 0.5, 1.0, 2.0, 5.0)

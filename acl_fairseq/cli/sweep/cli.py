@@ -12,7 +12,7 @@ is printed once, and each precision's full-depth accuracy and agreement with fp3
 One ``exit_outputs`` pass per precision and batch size gives the accuracy and exit layers of
 every policy (simulated: the loop's decisions); only the timing runs the early-exit loop:
 ``--repeats`` interleaved rounds after an untimed warm-up, medians; the times exclude the
-warm-up (``acl_fairseq.early_exit.measure``); ``--repeats 0`` skips timing.
+warm-up (``acl_fairseq.inference.measure``); ``--repeats 0`` skips timing.
 ``torch.set_num_threads`` is left as it is.
 
 Policies: ``entropy``, ``maxprob`` (``--thresholds``, default a fixed grid; ``quantiles[:N]``:
@@ -55,7 +55,6 @@ from typing import Any
 
 import torch
 
-from acl_fairseq.checkpoint.inference import CheckpointError, load_for_inference
 from acl_fairseq.cli.sweep.checks import (
     DEFAULT_DROPS,
     check_flags,
@@ -64,10 +63,9 @@ from acl_fairseq.cli.sweep.checks import (
     int_list,
     threshold_spec,
 )
+from acl_fairseq.console.help_format import HelpFormatter
 from acl_fairseq.data.splits import check_split, load_batches
-from acl_fairseq.early_exit import deploy
 from acl_fairseq.early_exit.calibrate import CONSTRAINTS, calibrated_family
-from acl_fairseq.early_exit.measure import sweep
 from acl_fairseq.early_exit.policies import POLICIES, make_policy, policy_kind
 from acl_fairseq.early_exit.table import format_layer_scores, format_markdown, write_table
 from acl_fairseq.early_exit.thresholds import (
@@ -77,8 +75,10 @@ from acl_fairseq.early_exit.thresholds import (
     oracle_rows,
     sweep_thresholds,
 )
-from acl_fairseq.help_format import HelpFormatter
-from acl_fairseq.inference_precision import prepare_for_inference
+from acl_fairseq.inference import deploy
+from acl_fairseq.inference.loader import CheckpointError, load_for_inference
+from acl_fairseq.inference.measure import sweep
+from acl_fairseq.inference.precision import prepare_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 PROG = "acl-fairseq-sweep"

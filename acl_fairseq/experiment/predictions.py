@@ -1,0 +1,155 @@
+"""Per-example predictions of a trained run: computed once after training, kept beside the
+run's result, so that paired verdicts can be tested over examples (McNemar, bootstrap).
+
+``predictions.tsv``, one row per example of each split, in the split's own order::
+
+    split  index  label  exit1  exit2  ...  exit6
+
+``index`` is the example's position in the binarized split, ``label`` its gold class and
+``exitL`` the class predicted by the exit at layer ``L`` (the last column is the final exit;
+a single-exit model has that column only); classes are 0-based indices into the data folder's
+``label/dict.txt`` (after fairseq's special symbols), as ``sample["target"]`` holds them.
+
+This module is the one writer and reader of that file; :func:`predict_split` computes it.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "PREDICTIONS_FILE",
+    "SplitPredictions",
+    "predict_split",
+    "read_predictions",
+    "write_predictions",
+]
+
+PREDICTIONS_FILE = "predictions.tsv"
+
+
+@dataclass
+class SplitPredictions:
+    """Gold labels and every exit's prediction for the N examples of one split."""
+
+    split: str
+    labels: list[int]  # N, by example index
+    exits: dict[int, list[int]]  # layer -> N predictions; the largest layer is the final exit
+
+    @property
+    def final(self) -> list[int]:
+        """The final exit's predictions (N)."""
+        return self.exits[max(self.exits)]
+
+    def correct(self, layer: int | None = None) -> list[bool]:
+        """Per example: the exit at ``layer`` (default: the final exit) is right."""
+        preds = self.final if layer is None else self.exits[layer]
+        return [p == y for p, y in zip(preds, self.labels)]
+
+    def accuracy(self, layer: int | None = None) -> float:
+        """Accuracy in percent of the exit at ``layer`` (default: the final exit)."""
+        right = self.correct(layer)
+        return 100.0 * sum(right) / len(right) if right else float("nan")
+
+
+def predict_split(
+    model: Any, task: Any, split: str, batch_size: int = 64, head: str | None = None
+) -> SplitPredictions:
+    """Every exit's prediction for every example of ``split`` (``model`` in eval mode, on its
+    device; ``task`` a loaded ``sentence_prediction`` task on the run's data folder).
+
+    A multi-exit model gives one column per exit (``exit_outputs``), any other RoBERTa its
+    final head only (registered at the encoder's last layer). The forward passes run as the
+    task validates: under its ``--autocast`` (a model trained in bf16 is evaluated in bf16 by
+    fairseq-validate too).
+    """
+    from ..autocast import forward_precision
+
+    head = head or getattr(task.cfg, "classification_head_name", "sentence_classification_head")
+    if split not in task.datasets:
+        task.load_dataset(split)
+    dataset = task.dataset(split)
+    iterator = task.get_batch_iterator(
+        dataset=dataset, max_sentences=batch_size, ignore_invalid_inputs=False, num_workers=0
+    ).next_epoch_itr(shuffle=False)
+    device = next(model.parameters()).device
+    size = len(dataset)
+    labels = [-1] * size
+    exits: dict[int, list[int]] = {}
+    autocast = str(getattr(task, "autocast", "none"))
+    with torch.no_grad(), forward_precision(autocast, model):
+        for sample in iterator:
+            ids = sample["id"].tolist()
+            tokens = sample["net_input"]["src_tokens"].to(device)
+            for i, y in zip(ids, sample["target"].view(-1).tolist()):
+                labels[i] = int(y)
+            for layer, logits in _exit_logits(model, tokens, head):
+                column = exits.setdefault(layer, [-1] * size)
+                for i, p in zip(ids, logits.argmax(dim=-1).tolist()):
+                    column[i] = int(p)
+    missing = [i for i, y in enumerate(labels) if y < 0]
+    if missing:
+        raise RuntimeError(f"split {split!r}: no prediction for {len(missing)} example(s)")
+    return SplitPredictions(split, labels, dict(sorted(exits.items())))
+
+
+def _exit_logits(model: Any, tokens: torch.Tensor, head: str) -> Iterable[tuple[int, Any]]:
+    """``(layer, B x K logits)`` of every exit of ``model`` on ``tokens`` (B x T)."""
+    if hasattr(model, "exit_outputs"):
+        return [(o.layer, o.logits) for o in model.exit_outputs(tokens, head)]
+    layers = len(model.encoder.sentence_encoder.layers)
+    return [(layers, model(tokens, classification_head_name=head)[0])]
+
+
+def write_predictions(path: str | Path, splits: Sequence[SplitPredictions]) -> Path:
+    """Writes ``splits`` to ``path`` (``predictions.tsv``); every split has the same exits."""
+    path = Path(path)
+    layers = sorted({layer for s in splits for layer in s.exits})
+    for s in splits:
+        if sorted(s.exits) != layers:
+            raise ValueError(f"split {s.split}: exits {sorted(s.exits)}, expected {layers}")
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        writer.writerow(["split", "index", "label", *(f"exit{layer}" for layer in layers)])
+        for s in splits:
+            columns = [s.exits[layer] for layer in layers]
+            for i, label in enumerate(s.labels):
+                writer.writerow([s.split, i, label, *(c[i] for c in columns)])
+    return path
+
+
+def read_predictions(path: str | Path) -> dict[str, SplitPredictions]:
+    """The splits of a ``predictions.tsv``, ``{split: SplitPredictions}``.
+
+    Raises ValueError naming the file for a header or row of the wrong form.
+    """
+    path = Path(path)
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    if not rows or rows[0][:3] != ["split", "index", "label"]:
+        raise ValueError(f"{path}: expected the header split<TAB>index<TAB>label<TAB>exitL...")
+    try:
+        layers = [int(name[len("exit") :]) for name in rows[0][3:]]
+    except ValueError:
+        raise ValueError(f"{path}: exit columns must be named exitL, got {rows[0][3:]}") from None
+    if not layers:
+        raise ValueError(f"{path}: no exit column")
+    out: dict[str, SplitPredictions] = {}
+    for number, row in enumerate(rows[1:], start=2):
+        if len(row) != 3 + len(layers):
+            expected = 3 + len(layers)
+            raise ValueError(f"{path} line {number}: {len(row)} columns, expected {expected}")
+        split, index, label, *preds = row
+        s = out.setdefault(split, SplitPredictions(split, [], {layer: [] for layer in layers}))
+        if int(index) != len(s.labels):
+            raise ValueError(f"{path} line {number}: index {index}, expected {len(s.labels)}")
+        s.labels.append(int(label))
+        for layer, p in zip(layers, preds):
+            s.exits[layer].append(int(p))
+    return out

@@ -1,0 +1,5 @@
+import sys
+
+from studies.cli import main
+
+sys.exit(main())

@@ -1,0 +1,221 @@
+"""The study's paired verdicts (``paired.csv``): each method against its baseline on the same
+seeds (or few-shot draws), over seeds and over examples, corrected per family of tests.
+
+A row pairs seed s of a method with seed s of its baseline (same data, same examples):
+
+* over seeds: the per-seed differences, their mean and std, the paired t-test;
+* over examples (runs that kept ``predictions.tsv``): the exact McNemar test of the examples
+  one gets right and the other wrong, pooled over the seeds, and a paired bootstrap of the
+  seed-mean difference over examples (95% interval, p-value);
+* Holm's correction within the row's family (one family per study; the few-shot sizes are one
+  family; the lambda study has two: the methods at each λ, and within a method each λ against
+  λ 0.5, ``lambda-within``), separately for the t-test and for McNemar. A difference is a verdict
+  (``verdict``: better / worse) only when every test it has survives its correction at 0.05;
+  otherwise ``no difference``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from acl_fairseq.experiment.paired_tests import holm, mcnemar, paired_bootstrap, seed_t_test
+from studies.records import mean_std, predictions_of
+from studies.round2 import FEWSHOT_DEV_LRS, MAIN_LAMBDA
+
+PAIRED_COLUMNS = [
+    "family", "study", "method", "baseline", "metric", "seeds", "per_seed_difference",
+    "mean_difference", "std", "paired_t_p", "paired_t_holm", "example_seeds",
+    "ours_only", "theirs_only", "mcnemar_p", "mcnemar_holm", "bootstrap_low",
+    "bootstrap_high", "bootstrap_p", "verdict",
+]  # fmt: skip
+ALPHA = 0.05
+
+
+class Comparison(NamedTuple):
+    family: str
+    study: str
+    method: str  # with its variant where one method has several (acl λ0.1)
+    baseline: str
+    metric: str  # accuracy or accuracy_exitL
+    ours: dict[int, dict]  # seed -> run record
+    theirs: dict[int, dict]
+
+
+def _layer(metric: str) -> int | None:
+    """The exit of ``accuracy_exitL`` (None: the final exit)."""
+    return int(metric[len("accuracy_exit") :]) if metric.startswith("accuracy_exit") else None
+
+
+def runs_by_seed(records: Iterable[dict], folder: str) -> dict[str, dict[int, dict]]:
+    """``{run name without its seed: {seed: record}}`` of a folder; in a lambda study every
+    contrastive run is named with its lambda (``acl-lam0.1``, and ``acl-lam0.5`` for the
+    main runs at the lambda the sweep was run around)."""
+    out: dict[str, dict[int, dict]] = defaultdict(dict)
+    for r in records:
+        if r["folder"] == folder:
+            name = r["run"].rsplit("-seed", 1)[0]
+            if folder.startswith("lambda/") and "-lam" not in name and r["lambda"] is not None:
+                name = f"{name}-lam{float(r['lambda']):g}"
+            out[name][r["seed"]] = r
+    return out
+
+
+def comparisons(records: list[dict]) -> list[Comparison]:
+    """Every paired comparison the records allow, in a fixed order."""
+    found: list[Comparison] = []
+
+    def add(family, study, method, base, metric, ours, theirs):
+        if ours and theirs:
+            found.append(Comparison(family, study, method, base, metric, ours, theirs))
+
+    for study, folder in (("full", "movie/main"), ("pair", "pair/main")):
+        per = runs_by_seed(records, folder)
+        pairs = [(m, "ce") for m in ("ce_scl", "acl", "multi_exit_joint", "acl_cl")]
+        for method, base in [*pairs, ("acl", "ce_scl")]:
+            add(study, study, method, base, "accuracy", per.get(method), per.get(base))
+        _exit_pairs(add, study, study, per, "acl_cl", "multi_exit_joint")
+    few = fewshot_draws(records, "fewshot")
+    for k in sorted({k for k, _ in few}):
+        for method, base in (("ce_scl", "ce"), ("acl", "ce"), ("acl", "ce_scl")):
+            add("fewshot", f"fewshot k{k}", method, base, "accuracy",
+                few.get((k, method)), few.get((k, base)))  # fmt: skip
+    per = runs_by_seed(records, "pair-converged/main")
+    gate = (("acl", "ce"), ("acl_embed", "ce"), ("acl", "acl_embed"), ("ce_scl", "ce"),
+            ("ce_scl_grad", "ce_scl"), ("acl", "ce_scl"))  # fmt: skip
+    for method, base in gate:
+        add("pair-converged", "pair-converged", method, base, "accuracy",
+            per.get(method), per.get(base))  # fmt: skip
+    per = runs_by_seed(records, "lambda/main")
+    for lam in lambdas(per):
+        for method, base in ((f"acl{lam}", "ce"), (f"ce_scl{lam}", "ce"),
+                             (f"acl{lam}", f"ce_scl{lam}")):  # fmt: skip
+            add("lambda", "lambda", method, base, "accuracy", per.get(method), per.get(base))
+    main = f"-lam{MAIN_LAMBDA:g}"
+    for method in ("acl", "ce_scl"):  # does lambda matter within a method: each against 0.5
+        for lam in (lam for lam in lambdas(per) if lam != main):
+            add("lambda-within", "lambda", f"{method}{lam}", f"{method}{main}", "accuracy",
+                per.get(f"{method}{lam}"), per.get(f"{method}{main}"))  # fmt: skip
+    few = fewshot_draws(records, "fewshot-dev")
+    for k in sorted({k for k, _ in few}):
+        for method, base in (("ce_scl", "ce"), ("acl", "ce"), ("acl", "ce_scl")):
+            add("fewshot-dev", f"fewshot-dev k{k}", method, base, "accuracy",
+                few.get((k, method)), few.get((k, base)))  # fmt: skip
+    per = runs_by_seed(records, "acl-cl-same-start/main")
+    joint = "joint_from_acl"  # the phase's joint CE run: stage 2 from the ACL run
+    add("acl-cl-same-start", "acl-cl-same-start", "acl_cl", joint, "accuracy",
+        per.get("acl_cl"), per.get(joint))  # fmt: skip
+    _exit_pairs(add, "acl-cl-same-start", "acl-cl-same-start", per, "acl_cl", joint)
+    if "acl_cl_plain" in per:
+        _exit_pairs(add, "acl-cl-same-start", "acl-cl-same-start", per, "acl_cl_plain", joint)
+    return found
+
+
+def _exit_pairs(add, family, study, per, method, base) -> None:
+    """Every shallow exit of ``method`` against ``base``'s, paired by seed."""
+    ours, theirs = per.get(method, {}), per.get(base, {})
+    keys = sorted(
+        {k for r in ours.values() for k in r if k.startswith("test_accuracy_exit")},
+        key=lambda k: int(k[len("test_accuracy_exit") :]),
+    )
+    for key in keys:
+        add(family, study, method, base, key[len("test_") :], ours, theirs)
+
+
+def lambdas(per: dict[str, dict[int, dict]]) -> list[str]:
+    """The ``-lam<l>`` suffixes of a lambda study's runs, by value (the main runs' lambda is
+    written out too: ``acl-lam0.5``)."""
+    found = {name.split("-lam", 1)[1] for name in per if "-lam" in name}
+    return [f"-lam{v}" for v in sorted(found, key=float)]
+
+
+def fewshot_draws(records: list[dict], task: str) -> dict[tuple[int, str], dict[int, dict]]:
+    """``(sentences per class, method) -> {draw: record}`` of a few-shot study (folders
+    ``TASK/kK/sS`` or, with the learning rate chosen per draw on its small dev,
+    ``TASK/kK/dD/lrX``: the run of the best dev accuracy, the first learning rate on ties; a
+    draw is left out until every learning rate of ``FEWSHOT_DEV_LRS`` has its run, since its
+    choice is not made before)."""
+    out: dict[tuple[int, str], dict[int, dict]] = defaultdict(dict)
+    best: dict[tuple[int, str, int], dict] = {}
+    tried: dict[tuple[int, str, int], int] = defaultdict(int)
+    for r in sorted(records, key=lambda r: (r["folder"], r["run"])):
+        parts = r["folder"].split("/")
+        if parts[0] != task:
+            continue
+        k = int(parts[1][1:])
+        if len(parts) == 3:  # TASK/kK/sS: one run per draw
+            out[(k, r["method"])][r["seed"]] = r
+            continue
+        key = (k, r["method"], int(parts[2][1:]))  # TASK/kK/dD/lrX
+        tried[key] += 1
+        if key not in best or r["dev_accuracy"] > best[key]["dev_accuracy"]:
+            best[key] = r
+    for (k, method, draw), r in sorted(best.items(), key=lambda kv: kv[0]):
+        if tried[(k, method, draw)] == len(FEWSHOT_DEV_LRS):
+            out[(k, method)][draw] = r
+    return out
+
+
+def _value(record: dict, metric: str) -> float | None:
+    value = record.get(f"test_{metric}")
+    return None if value is None else float(value)
+
+
+def _row(c: Comparison) -> dict[str, Any]:
+    seeds = sorted(s for s in set(c.ours) & set(c.theirs)
+                   if _value(c.ours[s], c.metric) is not None
+                   and _value(c.theirs[s], c.metric) is not None)  # fmt: skip
+    diffs = [_value(c.ours[s], c.metric) - _value(c.theirs[s], c.metric) for s in seeds]
+    row: dict[str, Any] = {
+        "family": c.family, "study": c.study, "method": c.method, "baseline": c.baseline,
+        "metric": c.metric, "seeds": len(diffs),
+        "per_seed_difference": " ".join(f"{d:+.2f}" for d in diffs),
+    }  # fmt: skip
+    mean, std = mean_std(diffs)
+    row.update(mean_difference=round(mean, 3), std=std, paired_t_p=seed_t_test(diffs))
+    layer = _layer(c.metric)
+    ours, theirs = [], []
+    for s in seeds:
+        a, b = predictions_of(c.ours[s]), predictions_of(c.theirs[s])
+        if a is not None and b is not None and len(a.labels) == len(b.labels):
+            ours.append(a.correct(layer))
+            theirs.append(b.correct(layer))
+    row["example_seeds"] = len(ours)
+    row.update(ours_only="", theirs_only="", mcnemar_p=math.nan)
+    row.update(bootstrap_low="", bootstrap_high="", bootstrap_p=math.nan)
+    if ours:
+        test = mcnemar(ours, theirs)
+        boot = paired_bootstrap(ours, theirs)
+        row.update(ours_only=test.ours_only, theirs_only=test.theirs_only, mcnemar_p=test.p_value)
+        row.update(bootstrap_low=round(boot.low, 2), bootstrap_high=round(boot.high, 2))
+        row["bootstrap_p"] = boot.p_value
+    return row
+
+
+def paired_rows(records: list[dict]) -> list[list[Any]]:
+    """The rows of ``paired.csv`` (columns ``PAIRED_COLUMNS``)."""
+    rows = [_row(c) for c in comparisons(records)]
+    rows = [r for r in rows if r["seeds"]]
+    for family in dict.fromkeys(r["family"] for r in rows):
+        members = [r for r in rows if r["family"] == family]
+        for test in ("paired_t", "mcnemar"):
+            adjusted = holm([r[f"{test}_p"] for r in members])
+            for r, p in zip(members, adjusted):
+                r[f"{test}_holm"] = p
+    for r in rows:
+        tests = [r[k] for k in ("paired_t_holm", "mcnemar_holm") if not math.isnan(r[k])]
+        significant = bool(tests) and all(p < ALPHA for p in tests)
+        direction = "better" if r["mean_difference"] > 0 else "worse"
+        r["verdict"] = direction if significant and r["mean_difference"] != 0 else "no difference"
+    return [[_cell(r[c]) for c in PAIRED_COLUMNS] for r in rows]
+
+
+def _cell(value: Any) -> Any:
+    """CSV form: NaN as empty, p-values and stds to 4 significant places."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        return float(f"{value:.4g}")
+    return value
