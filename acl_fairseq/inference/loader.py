@@ -148,7 +148,7 @@ def load_for_inference(
             f"{path} has no shallow exit (a stage-1 checkpoint, trained with --exit-layers "
             "none): early exit needs the multi-exit stage 2: fairseq-train --arch "
             f"multi_exit_roberta* --criterion acl_cross_layer --restore-file {path} (exits "
-            "after every layer by default; README, Usage)"
+            "after every layer by default; docs/usage.md, Methods)"
         )
     model = model.to(device).eval()
     if dtype is not None:
