@@ -9,10 +9,11 @@ Every split is fixed and reproducible:
 * ``pair``: ``vitaminc_pairs_10k.tsv`` (evidence, claim, label True/False/Neither; already
   shuffled), rows 1-6,000 train, 6,001-7,000 dev, 7,001-10,000 test.
 * ``fewshot``: for each size k and seed s, k training sentences per class drawn from the movie
-  train split (seeded by s), with the movie dev and test splits.
+  train split (seeded by s: ``acl_fairseq.data.splits.fewshot_train``), with the movie dev and
+  test splits.
 * ``fewshotdev`` (``--fewshot-dev``): for k in 16, 64 and draws 1-10, the same training draw
-  and a dev split of k sentences per class drawn from the rest of the movie train split; the
-  movie test split.
+  and a dev split of k sentences per class drawn from the rest of the movie train split
+  (``fewshot_train_dev``, the draws of ``acl-fairseq-fewshot``); the movie test split.
 
 Usage::
 
@@ -23,11 +24,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import random
 import shutil
 import sys
 from pathlib import Path
 
+from acl_fairseq.data.splits import fewshot_train, fewshot_train_dev
 from acl_fairseq.experiment.demo_assets import (
     converted_model,
     fetch_assets,
@@ -42,7 +43,6 @@ FEWSHOT_SIZES = (16, 64, 256, 1024)
 FEWSHOT_SEEDS = (1, 2, 3, 4, 5)
 FEWSHOT_DEV_SIZES = (16, 64)
 FEWSHOT_DEV_DRAWS = tuple(range(1, 11))
-DEV_SEED_OFFSET = 10_000  # the dev draw's seed: never one of a training draw
 
 
 def movie_rows(snippets: Path) -> list[tuple[str, str]]:
@@ -58,31 +58,6 @@ def movie_splits(rows: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]
         "dev": rows[DEMO_TRAIN:dev_end],
         "test": rows[dev_end : dev_end + TEST],
     }
-
-
-def fewshot_train(train: list[tuple[str, str]], per_class: int, seed: int) -> list[tuple[str, str]]:
-    """``per_class`` sentences of each label drawn with ``seed``, in a shuffled order."""
-    rng = random.Random(seed)
-    chosen: list[tuple[str, str]] = []
-    for label in sorted({label for _, label in train}):
-        pool = [row for row in train if row[1] == label]
-        if per_class > len(pool):
-            raise SystemExit(f"{per_class} sentences per class asked, {label} has {len(pool)}")
-        chosen += rng.sample(pool, per_class)
-    rng.shuffle(chosen)
-    return chosen
-
-
-def fewshot_train_dev(
-    pool: list[tuple[str, str]], per_class: int, seed: int
-) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """A few-shot training set (``fewshot_train``: the first round's draws) and a dev set of
-    the same size drawn from the rest of ``pool`` (disjoint), as a user with ``2 x
-    per_class`` labelled sentences per class would split them."""
-    train = fewshot_train(pool, per_class, seed)
-    taken = set(train)
-    rest = [row for row in pool if row not in taken]
-    return train, fewshot_train(rest, per_class, DEV_SEED_OFFSET + seed)
 
 
 def write_tsv(path: Path, rows: list[tuple[str, ...]]) -> None:

@@ -10,8 +10,9 @@ A row pairs seed s of a method with seed s of its baseline (same data, same exam
 * Holm's correction within the row's family (one family per study; the few-shot sizes are one
   family; the lambda study has two: the methods at each λ, and within a method each λ against
   λ 0.5, ``lambda-within``), separately for the t-test and for McNemar. A difference is a verdict
-  (``verdict``: better / worse) only when every test it has survives its correction at 0.05;
-  otherwise ``no difference``.
+  (``verdict``: better / worse) only when every test it has survives its correction at 0.05
+  (``paired_tests.verdict``, the rule of acl-fairseq-fewshot's table too); otherwise ``no
+  difference``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,16 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from acl_fairseq.experiment.paired_tests import holm, mcnemar, paired_bootstrap, seed_t_test
+from acl_fairseq.experiment import fewshot
+from acl_fairseq.experiment.paired_tests import (
+    holm,
+    mcnemar,
+    paired_bootstrap,
+    seed_t_test,
+    verdict,
+)
 from studies.records import mean_std, predictions_of
-from studies.round2 import FEWSHOT_DEV_LRS, MAIN_LAMBDA
+from studies.round2 import MAIN_LAMBDA
 
 PAIRED_COLUMNS = [
     "family", "study", "method", "baseline", "metric", "seeds", "per_seed_difference",
@@ -31,7 +39,6 @@ PAIRED_COLUMNS = [
     "ours_only", "theirs_only", "mcnemar_p", "mcnemar_holm", "bootstrap_low",
     "bootstrap_high", "bootstrap_p", "verdict",
 ]  # fmt: skip
-ALPHA = 0.05
 
 
 class Comparison(NamedTuple):
@@ -134,12 +141,11 @@ def lambdas(per: dict[str, dict[int, dict]]) -> list[str]:
 def fewshot_draws(records: list[dict], task: str) -> dict[tuple[int, str], dict[int, dict]]:
     """``(sentences per class, method) -> {draw: record}`` of a few-shot study (folders
     ``TASK/kK/sS`` or, with the learning rate chosen per draw on its small dev,
-    ``TASK/kK/dD/lrX``: the run of the best dev accuracy, the first learning rate on ties; a
-    draw is left out until every learning rate of ``FEWSHOT_DEV_LRS`` has its run, since its
-    choice is not made before)."""
+    ``TASK/kK/dD/lrX``: the run the protocol chooses, ``fewshot.best_on_dev`` over the grid
+    ``fewshot.LEARNING_RATES``; a draw is left out until every learning rate of the grid has
+    its run, since its choice is not made before)."""
     out: dict[tuple[int, str], dict[int, dict]] = defaultdict(dict)
-    best: dict[tuple[int, str, int], dict] = {}
-    tried: dict[tuple[int, str, int], int] = defaultdict(int)
+    by_lr: dict[tuple[int, str, int], dict[float, dict]] = defaultdict(dict)
     for r in sorted(records, key=lambda r: (r["folder"], r["run"])):
         parts = r["folder"].split("/")
         if parts[0] != task:
@@ -148,13 +154,11 @@ def fewshot_draws(records: list[dict], task: str) -> dict[tuple[int, str], dict[
         if len(parts) == 3:  # TASK/kK/sS: one run per draw
             out[(k, r["method"])][r["seed"]] = r
             continue
-        key = (k, r["method"], int(parts[2][1:]))  # TASK/kK/dD/lrX
-        tried[key] += 1
-        if key not in best or r["dev_accuracy"] > best[key]["dev_accuracy"]:
-            best[key] = r
-    for (k, method, draw), r in sorted(best.items(), key=lambda kv: kv[0]):
-        if tried[(k, method, draw)] == len(FEWSHOT_DEV_LRS):
-            out[(k, method)][draw] = r
+        by_lr[(k, r["method"], int(parts[2][1:]))][float(parts[3][len("lr") :])] = r
+    for (k, method, draw), runs in sorted(by_lr.items(), key=lambda kv: kv[0]):
+        if set(runs) == set(fewshot.LEARNING_RATES):
+            dev = {lr: runs[lr]["dev_accuracy"] for lr in fewshot.LEARNING_RATES}
+            out[(k, method)][draw] = runs[fewshot.best_on_dev(dev)]
     return out
 
 
@@ -204,11 +208,9 @@ def paired_rows(records: list[dict]) -> list[list[Any]]:
             adjusted = holm([r[f"{test}_p"] for r in members])
             for r, p in zip(members, adjusted):
                 r[f"{test}_holm"] = p
-    for r in rows:
+    for r in rows:  # the tests each row has (a first-round row has no McNemar)
         tests = [r[k] for k in ("paired_t_holm", "mcnemar_holm") if not math.isnan(r[k])]
-        significant = bool(tests) and all(p < ALPHA for p in tests)
-        direction = "better" if r["mean_difference"] > 0 else "worse"
-        r["verdict"] = direction if significant and r["mean_difference"] != 0 else "no difference"
+        r["verdict"] = verdict(r["mean_difference"], tests)
     return [[_cell(r[c]) for c in PAIRED_COLUMNS] for r in rows]
 
 

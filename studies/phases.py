@@ -40,6 +40,7 @@ import sys
 from pathlib import Path
 
 from acl_fairseq.data.splits import count_examples
+from acl_fairseq.experiment.fewshot import best_on_dev
 from studies.data import REPO
 from studies.runs import check_retrained, link_run, need_checkpoints, restore
 
@@ -160,7 +161,7 @@ class Study:
             args = [*self.stage1("ce"), "--methods", "ce", "--seeds", "1", "--lr", f"{lr}"]
             self.compare(out, args)
             scores[f"{lr:g}"] = dev_accuracy(out, "ce-seed1")
-        self.choose("lr", scores, float(best_key(scores)))
+        self.choose("lr", scores, float(best_on_dev(scores)))
 
     def grid(self) -> None:
         lr = self.chosen("lr")
@@ -175,7 +176,7 @@ class Study:
                     args.append("--ce-scl-plain")
                 self.compare(out, args)
                 scores[f"{lam:g},{tau:g}"] = dev_accuracy(out, f"{method}-seed1")
-            lam, tau = map(float, best_key(scores).split(","))
+            lam, tau = map(float, best_on_dev(scores).split(","))
             self.choose(method, scores, [lam, tau])
 
     def hyper_parameters(self, method: str) -> list[str]:
@@ -223,7 +224,7 @@ class Study:
             self.compare(out, [*args, "--methods", "acl_cl", "--seeds", "1"])
             scores[name] = dev_accuracy(out, "acl_cl-seed1")
         check_retrained(main, again)
-        self.choose("acl_cl", scores, best_key(scores))
+        self.choose("acl_cl", scores, best_on_dev(scores))
 
     def exits(self) -> None:
         main = self.root / "main"
@@ -291,11 +292,6 @@ def git_commit() -> str:
 def dev_accuracy(out: Path, run: str) -> float:
     result = json.loads((out / "runs" / run / "test.json").read_text(encoding="utf-8"))
     return float(result["dev"]["accuracy"])
-
-
-def best_key(scores: dict[str, float]) -> str:
-    """The key with the highest dev accuracy; the first in grid order among ties."""
-    return max(scores, key=lambda k: (scores[k], -list(scores).index(k)))
 
 
 PHASES = {

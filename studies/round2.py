@@ -15,10 +15,11 @@ batch 32, grouped batches, checkpoints chosen on dev)::
                         5 seeds; the lambda 0.5 ACL runs keep their checkpoints (the stage 1 of
                         acl-cl-same-start)
     fewshot-dev         16 and 64 sentences per class, 10 draws, each with a dev split drawn from
-                        the pool with as many sentences as its training set (data: ``acl-fairseq-
-                        study data --fewshot-dev``); 60 updates validated every 5; learning rate
-                        chosen per method and draw on that small dev from 1e-4 / 2e-4 / 5e-4;
-                        in bf16
+                        the pool with as many sentences as its training set (data: ``python -m
+                        studies data --fewshot-dev``); the protocol of acl_fairseq.experiment.
+                        fewshot (acl-fairseq-fewshot's): 60 updates validated every 5, the
+                        learning rate chosen per method and draw on that small dev from 1e-4 /
+                        2e-4 / 5e-4; in bf16
     acl-cl-same-start   joint CE and ACL-CL stage 2 from the same ACL stage-1 checkpoints (the
                         lambda phase's lambda 0.5 runs), 5 seeds, equal budgets; per seed, the
                         entropy threshold chosen on dev (at most 1 point below full depth) and
@@ -35,6 +36,7 @@ import sys
 from pathlib import Path
 
 from acl_fairseq.data.splits import count_examples
+from acl_fairseq.experiment import fewshot
 from acl_fairseq.inference.saved_policy import POLICY_FILE
 from studies.data import FEWSHOT_DEV_DRAWS, FEWSHOT_DEV_SIZES
 from studies.phases import (
@@ -44,7 +46,6 @@ from studies.phases import (
     TASKS,
     VALIDATIONS_PER_EPOCH,
     Study,
-    best_key,
     dev_accuracy,
     lr_name,
 )
@@ -56,9 +57,6 @@ PAIR = {"lr": 1e-4, "lambda": 0.1, "tau": 0.3}  # the first round's choices on t
 MOVIE = {"lr": 2e-4, "tau": 0.3}  # the movie choices; lambda is what the phase varies
 LAMBDAS = (0.1, 0.5, 1.0)
 MAIN_LAMBDA = 0.5  # the first round's movie choice: its ACL runs are acl-cl-same-start's stage 1
-FEWSHOT_DEV_LRS = (1e-4, 2e-4, 5e-4)
-FEWSHOT_DEV_UPDATES = 60
-FEWSHOT_DEV_VALIDATE = 5
 STAGE2_VARIANT = ("frozen", "exit", 0.5)  # the first round's ACL-CL choice (teacher, weights, λcl)
 MAX_ACCURACY_DROP = 1.0  # early exit: the threshold chosen on dev
 EXIT_SPLITS = ("valid", "test")
@@ -166,21 +164,23 @@ class Round2(Study):
                 if not data.exists():
                     raise SystemExit(f"{data}: run python -m studies data --fewshot-dev first")
                 per_epoch = -(-count_examples(data) // BATCH)
-                epochs = -(-FEWSHOT_DEV_UPDATES // per_epoch)
+                epochs = -(-fewshot.UPDATES // per_epoch)
                 extra = f"--validate-interval 1000 --save-interval 1000 {BF16}"
-                args = self.common(data, epochs, FEWSHOT_DEV_VALIDATE, extra)
-                args += ["--max-update", str(FEWSHOT_DEV_UPDATES)]
-                for method in self.only(["ce", "ce_scl", "acl"]):
+                args = self.common(data, epochs, fewshot.VALIDATE_EVERY, extra)
+                args += ["--max-update", str(fewshot.UPDATES)]
+                lam, tau = fewshot.CONTRASTIVE_LAMBDA, fewshot.TEMPERATURE
+                for method in self.only(list(fewshot.METHODS)):
                     scores = {}
-                    for lr in FEWSHOT_DEV_LRS:
+                    for lr in fewshot.LEARNING_RATES:
                         out = self.root / f"k{k}" / f"d{draw}" / lr_name(lr)
-                        run = [*args, "--lr", f"{lr}", *contrastive(method, 0.5, MOVIE["tau"])]
+                        run = [*args, "--lr", f"{lr}", *contrastive(method, lam, tau)]
                         run += ["--methods", method, "--seeds", str(draw)]
                         if method == "ce_scl":
                             run.append("--ce-scl-plain")
                         self.compare(out, run)
                         scores[f"{lr:g}"] = dev_accuracy(out, f"{method}-seed{draw}")
-                    self.choose(f"k{k}-d{draw}-{method}-lr", scores, float(best_key(scores)))
+                    chosen = float(fewshot.best_on_dev(scores))
+                    self.choose(f"k{k}-d{draw}-{method}-lr", scores, chosen)
 
     # ------------------------------------------------------------- acl-cl-same-start
     def acl_cl_same_start(self) -> None:

@@ -1,5 +1,6 @@
 """acl-fairseq-prepare on files that would mislead it: a header line read as data, a file
-without a usable row, a dev file of another layout; and its output as a user sees it."""
+without a usable row, a dev file of another layout, one label written two ways, a class missing
+from train, a training file of one class; and its output as a user sees it."""
 
 from __future__ import annotations
 
@@ -80,6 +81,50 @@ def test_a_dev_file_of_another_layout(tmp_path: Path) -> None:
         f"custom: the header of {tmp_path / 'dev.tsv'} (label | text) is not the header of "
         f"{tmp_path / 'train.tsv'} (text | label): the columns may be in another order. Give "
         "files of one layout"
+    )
+
+
+def test_one_label_written_two_ways_is_not_two_classes(tmp_path: Path) -> None:
+    """``1`` and ``1.0`` in one label column would be two classes (and half the ones wrong)."""
+    rows = [f"the film number{i} .\t{i % 2}" for i in range(8)]
+    train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+    mixed = "\n".join(rows[:3] + ["the film number3 .\t1.0"] + rows[4:]) + "\n"
+    code, error = custom(tmp_path, mixed, "\n".join(rows) + "\n")
+    assert code == 1
+    assert error == (
+        f"custom: the labels '1' ({train} line 2) and '1.0' ({train} line 4) are one class "
+        "written two ways, so they would be two classes: write each class one way in the label "
+        "column"
+    )
+    code, error = custom(tmp_path, "\n".join(rows) + "\n", mixed)  # in dev: named there
+    assert error.startswith(f"custom: the labels '1' ({train} line 2) and '1.0' ({dev} line 4)")
+    cased = ROWS.replace("number5 .\tpos", "number5 .\tPos")
+    assert custom(tmp_path, cased, ROWS)[1].startswith("custom: the labels 'pos' (")
+    assert custom(tmp_path, mixed, mixed, "--labels", "0,1,1.0")[0] == 0  # listed: as written
+
+
+def test_a_class_missing_from_train_is_named_and_never_dropped(tmp_path: Path) -> None:
+    """Dropping dev's rows of a class train lacks (--skip-bad-rows) would report a model that
+    cannot predict that class without it."""
+    dev = ROWS + "a new film .\tneutral\nanother one .\tneutral\n"
+    code, error = custom(tmp_path, ROWS, dev)
+    assert code == 1
+    assert error == (
+        f"custom: {tmp_path / 'dev.tsv'} has the class(es) 'neutral' (2 row(s), e.g. line 9), "
+        f"missing from the training file {tmp_path / 'train.tsv'}: a model trained on it could "
+        "never predict them. Add examples of each class to the training file (or correct those "
+        "labels)"
+    )
+    assert custom(tmp_path, ROWS, dev, "--skip-bad-rows") == (1, error)
+    assert not (tmp_path / "out" / "custom-bin").exists()
+
+
+def test_a_training_file_of_one_class_stops(tmp_path: Path) -> None:
+    one = "".join(f"the film number{i} .\tpos\n" for i in range(8))
+    assert custom(tmp_path, one, one) == (
+        1,
+        f"custom: every row of {tmp_path / 'train.tsv'} has the label 'pos': a classifier "
+        "needs examples of at least two classes (check the label column)",
     )
 
 

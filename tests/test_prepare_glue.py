@@ -258,7 +258,8 @@ def test_glue_table_matches_fairseq_recipe() -> None:
 def write_bad_rte(glue: Path) -> Path:
     folder = glue / "RTE"
     folder.mkdir(parents=True)
-    good = [f"{i}\t{sentence(i)}\t{sentence(i + 9)}\tentailment" for i in range(4)]
+    labels = ("entailment", "not_entailment")  # a training file of one class is refused
+    good = [f"{i}\t{sentence(i)}\t{sentence(i + 9)}\t{labels[i % 2]}" for i in range(4)]
     train = ["index\tsentence1\tsentence2\tlabel"] + good[:2]
     train.append("2\tonly one sentence")  # line 4: missing fields
     train.append(f"3\t{sentence(3)}\t{sentence(4)}\tmaybe")  # line 5: bad label

@@ -1,5 +1,6 @@
 """The splits of a data folder: raw rows drawn into few-shot splits (k per class, a dev of the
-same size from the rest of the pool), and the binarized splits of a prepared folder
+same size from the rest of the pool; the pool without the test split's texts and without
+repeated texts; the splits checked disjoint by text), and the binarized splits of a prepared folder
 (``DATA/input0``, ``DATA/label``): whether a split is there, how many examples and classes it
 has, and its first examples as evaluation batches in a fixed order."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import random
 import struct
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from torch import Tensor
 __all__ = [
     "DEV_SEED_OFFSET",
     "FirstExamples",
+    "check_disjoint",
     "check_split",
     "count_classes",
     "count_examples",
@@ -25,7 +28,10 @@ __all__ = [
     "fewshot_train_dev",
     "load_batches",
     "raw_files",
+    "repeated_texts",
     "split_off",
+    "unique_texts",
+    "without_texts",
 ]
 
 DEV_SEED_OFFSET = 10_000  # the dev draw's seed: never one of a training draw
@@ -63,6 +69,54 @@ def split_off(rows: list[Row], size: int, seed: int = 0) -> tuple[list[Row], lis
         raise ValueError(f"cannot hold out {size} of {len(rows)} rows")
     held = set(random.Random(seed).sample(range(len(rows)), size))
     return [r for i, r in enumerate(rows) if i not in held], [rows[i] for i in sorted(held)]
+
+
+def text_of(row: Row) -> tuple[str, ...]:
+    """An example's text(s): every field but the label."""
+    return row[:-1]
+
+
+def repeated_texts(rows: Sequence[Row]) -> list[list[int]]:
+    """The indices of the rows of every text that occurs more than once (each list in row
+    order; the lists in the order of their first row)."""
+    where: dict[tuple[str, ...], list[int]] = {}
+    for i, row in enumerate(rows):
+        where.setdefault(text_of(row), []).append(i)
+    return [indices for indices in where.values() if len(indices) > 1]
+
+
+def unique_texts(rows: Sequence[Row]) -> tuple[list[Row], int]:
+    """``(rows without a row whose text an earlier row has, how many were removed)``: a pool
+    where a training row and a dev row can never be one example twice."""
+    seen: set[tuple[str, ...]] = set()
+    kept = []
+    for row in rows:
+        if text_of(row) not in seen:
+            seen.add(text_of(row))
+            kept.append(row)
+    return kept, len(rows) - len(kept)
+
+
+def without_texts(rows: Sequence[Row], others: Sequence[Row]) -> tuple[list[Row], int]:
+    """``(rows whose text is none of others' texts, how many were removed)``, in order: a
+    pool without the test split's examples."""
+    taken = {text_of(row) for row in others}
+    kept = [row for row in rows if text_of(row) not in taken]
+    return kept, len(rows) - len(kept)
+
+
+def check_disjoint(splits: Mapping[str, Sequence[Row]]) -> None:
+    """``ValueError`` naming two splits that share a text (an example seen in training and
+    scored in dev or test), how many texts and the first."""
+    names = list(splits)
+    for i, a in enumerate(names):
+        texts = {text_of(row) for row in splits[a]}
+        for b in names[i + 1 :]:
+            shared = [text_of(row) for row in splits[b] if text_of(row) in texts]
+            if shared:
+                raise ValueError(
+                    f"{a} and {b} share {len(set(shared))} text(s), e.g. {shared[0]!r}"
+                )
 
 
 def raw_files(data: str | Path) -> str:

@@ -295,7 +295,6 @@ def load_task(task: TaskSpec, glue_dir: Path | None) -> tuple[list[SplitData], l
         )
     splits: list[SplitData] = []
     bad: list[BadRow] = []
-    train_labels: set[str] = set()
     for spec, path, name in zip(task.splits, paths, names):
         if spec.kind == "test" and missing_test:
             continue
@@ -303,11 +302,12 @@ def load_task(task: TaskSpec, glue_dir: Path | None) -> tuple[list[SplitData], l
         if splits:
             check_same_layout(task, splits[0], task.splits[0], data, spec)
         if data.labels is not None and not task.regression:
+            if task.labels is None:  # listed labels (GLUE, --labels) are taken as written
+                check_label_spellings(task.name, [*splits, data])
             if spec.kind == "train":
-                train_labels.update(data.labels)
+                check_two_classes(task.name, data)
             else:
-                data, unseen = _drop_unseen_labels(data, train_labels)
-                split_bad.extend(unseen)
+                check_classes_in_train(task.name, splits[0], data)
         if len(data) == 0:
             raise DataError(f"{task.name}: {no_usable_rows(data, split_bad, spec)}")
         if spec.kind == "train":
@@ -400,21 +400,61 @@ def check_same_layout(
         )
 
 
-def _drop_unseen_labels(data: SplitData, known: set[str]) -> tuple[SplitData, list[BadRow]]:
-    """Reject rows whose label never occurs in the training data (fairseq would map it to unk)."""
-    assert data.labels is not None
-    keep = [i for i, label in enumerate(data.labels) if label in known]
-    bad = [
-        BadRow(data.path, data.line_numbers[i], f"label {label!r} does not occur in train")
-        for i, label in enumerate(data.labels)
-        if label not in known
-    ]
-    if not bad:
-        return data, []
-    data.texts = [[column[i] for i in keep] for column in data.texts]
-    data.labels = [data.labels[i] for i in keep]
-    data.line_numbers = [data.line_numbers[i] for i in keep]
-    return data, bad
+def label_key(label: str) -> tuple[str, float | str]:
+    """What a label means: its number for a number (``1``, ``1.0`` and ``+1`` are one
+    value), else its text without case (``pos`` and ``Pos``)."""
+    try:
+        number = float(label)
+    except ValueError:
+        return ("text", label.casefold())
+    return ("number", number) if math.isfinite(number) else ("text", label.casefold())
+
+
+def check_label_spellings(task_name: str, splits: Sequence[SplitData]) -> None:
+    """Two labels of the files that are one class written two ways (``1`` and ``1.0``,
+    ``pos`` and ``Pos``) would become two classes: ``DataError`` naming a line of each."""
+    first: dict[tuple[str, float | str], tuple[str, Path, int]] = {}
+    for data in splits:
+        for label, line in zip(data.labels or [], data.line_numbers):
+            seen = first.setdefault(label_key(label), (label, data.path, line))
+            if seen[0] != label:
+                raise DataError(
+                    f"{task_name}: the labels {seen[0]!r} ({seen[1]} line {seen[2]}) and "
+                    f"{label!r} ({data.path} line {line}) are one class written two ways, so "
+                    "they would be two classes: write each class one way in the label column"
+                )
+
+
+def check_two_classes(task_name: str, train: SplitData) -> None:
+    """A training file of one class makes a one-class model, right on every example:
+    ``DataError``."""
+    found = sorted(set(train.labels or []))
+    if len(found) == 1:
+        raise DataError(
+            f"{task_name}: every row of {train.path} has the label {found[0]!r}: a classifier "
+            "needs examples of at least two classes (check the label column)"
+        )
+
+
+def check_classes_in_train(task_name: str, train: SplitData, data: SplitData) -> None:
+    """A class of a dev or test file that the training file lacks: the model could never
+    predict it, and leaving its rows out would report an accuracy without it. ``DataError``
+    naming the class, how many rows have it and the first line (never a skippable bad row)."""
+    known = set(train.labels or [])
+    missing: dict[str, list[int]] = {}
+    for label, line in zip(data.labels or [], data.line_numbers):
+        if label not in known:
+            missing.setdefault(label, []).append(line)
+    if missing:
+        listed = ", ".join(
+            f"{label!r} ({len(lines)} row(s), e.g. line {lines[0]})"
+            for label, lines in sorted(missing.items())
+        )
+        raise DataError(
+            f"{task_name}: {data.path} has the class(es) {listed}, missing from the training "
+            f"file {train.path}: a model trained on it could never predict them. Add examples "
+            "of each class to the training file (or correct those labels)"
+        )
 
 
 def format_bad_rows(bad: Sequence[BadRow], limit: int = MAX_LISTED_BAD_ROWS) -> str:

@@ -7,30 +7,36 @@ training and k per class from the rest of the pool for dev (``data.splits.fewsho
 seeded by d); every method (CE, CE+SCL, ACL) trains the same number of updates (``UPDATES``),
 validated every ``VALIDATE_EVERY`` updates, with the draw's number as its seed, once per
 learning rate of the grid (``LEARNING_RATES``); per method and draw the learning rate with the
-best dev accuracy is chosen (:func:`choose_lr`) and its checkpoint (best on dev) is reported on
-the test split. :func:`report` makes the table: the mean test accuracy per method, the
-per-draw differences to the baseline and between the contrastive methods, and the paired
-t-test over draws of each difference, Holm-corrected over the table.
+best dev accuracy is chosen (:func:`best_on_dev`) and its checkpoint (best on dev) is reported
+on the test split. :func:`read_draw` reads a draw's runs (``acl-fairseq-compare`` results
+under :func:`runs_folder`) and the chosen runs' per-example test predictions;
+``experiment.fewshot_report`` makes the table and its paired tests.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar
 
-from .paired_tests import holm, seed_t_test
+from .predictions import PREDICTIONS_FILE, read_predictions
+from .recipe import flag_groups
+from .results import RESULT_FILE
 
 __all__ = [
     "LEARNING_RATES",
     "METHODS",
     "DrawResult",
-    "choose_lr",
+    "best_on_dev",
     "compare_args",
     "draw_name",
-    "report",
+    "protocol_extra",
+    "read_draw",
+    "run_folder",
+    "runs_folder",
 ]
 
 METHODS = ("ce", "ce_scl", "acl")
@@ -45,10 +51,32 @@ BATCH_SIZE = 32
 # epoch ends: only every VALIDATE_EVERY updates
 PROTOCOL_EXTRA = "--group-by-length --validate-interval 1000 --save-interval 1000"
 
+K = TypeVar("K")
+
 
 def draw_name(per_class: int, draw: int) -> str:
     """The name of a draw's data folder and runs (``k16-d3``)."""
     return f"k{per_class}-d{draw}"
+
+
+def runs_folder(out: str | Path, per_class: int, draw: int, lr: float) -> Path:
+    """The ``acl-fairseq-compare --out`` of one learning rate of one draw
+    (``OUT/runs/k16-d3/lr0.0001``)."""
+    return Path(out) / "runs" / draw_name(per_class, draw) / f"lr{lr:g}"
+
+
+def run_folder(out: str | Path, per_class: int, draw: int, lr: float, method: str) -> Path:
+    """One method's run there (``.../lr0.0001/runs/acl-seed3``: the draw is its seed)."""
+    return runs_folder(out, per_class, draw, lr) / "runs" / f"{method}-seed{draw}"
+
+
+def protocol_extra(extra: str = "") -> str:
+    """The fairseq-train flags of every run: ``PROTOCOL_EXTRA``, then those of ``extra`` it
+    does not already set the same way (a flag given twice is one setting, not another run).
+    ``ValueError`` for an ``extra`` that does not split (an unclosed quote)."""
+    protocol = flag_groups(shlex.split(PROTOCOL_EXTRA))
+    own = [g for g in flag_groups(shlex.split(extra)) if g not in protocol]
+    return " ".join([PROTOCOL_EXTRA, *own])
 
 
 def compare_args(
@@ -69,20 +97,21 @@ def compare_args(
     the draw's number as seed, ``updates`` updates (as many epochs as that takes), validation
     and the best checkpoint every ``validate_every`` updates, CE+SCL without the angle
     measurement, batches of similar length. ``model``: the model flags (``--restore-file``,
-    ``--arch-args-file`` ...); ``extra``: more fairseq-train flags."""
+    ``--arch-args-file`` ...); ``extra``: more fairseq-train flags (:func:`protocol_extra`)."""
     return [
         str(data), "--out", str(out), "--methods", ",".join(methods), "--seeds", str(draw),
         "--lr", f"{lr:g}", "--max-update", str(updates),
         "--validate-interval-updates", str(validate_every), "--batch-size", str(batch_size),
         "--contrastive-lambda", f"{lam:g}", "--temperature", f"{temperature:g}",
-        "--ce-scl-plain", "--extra", f"{PROTOCOL_EXTRA} {extra}".strip(), *model,
+        "--ce-scl-plain", "--extra", protocol_extra(extra), *model,
     ]  # fmt: skip
 
 
-def choose_lr(dev_by_lr: dict[float, float]) -> float:
-    """The learning rate with the best dev accuracy; among ties the first in grid order."""
-    rates = list(dev_by_lr)
-    return max(rates, key=lambda lr: (dev_by_lr[lr], -rates.index(lr)))
+def best_on_dev(dev_scores: Mapping[K, float]) -> K:
+    """The key (a learning rate, a grid point) with the best dev score; among ties the first
+    in the mapping's (the grid's) order."""
+    keys = list(dev_scores)
+    return max(keys, key=lambda k: (dev_scores[k], -keys.index(k)))
 
 
 @dataclass(frozen=True)
@@ -94,10 +123,12 @@ class DrawResult:
     method: str
     dev_by_lr: dict[float, float] = field(compare=False)  # dev accuracy at each rate
     test_by_lr: dict[float, float] = field(compare=False)  # test accuracy at each rate
+    # per test example, whether the chosen rate's run is right (None: no predictions kept)
+    test_correct: tuple[bool, ...] | None = field(default=None, compare=False)
 
     @property
     def lr(self) -> float:
-        return choose_lr(self.dev_by_lr)
+        return best_on_dev(self.dev_by_lr)
 
     @property
     def dev(self) -> float:
@@ -108,73 +139,28 @@ class DrawResult:
         return self.test_by_lr[self.lr]
 
 
-def _comparisons(methods: Sequence[str]) -> list[tuple[str, str]]:
-    """(method, baseline): every method against the first, the later ones pairwise too."""
-    pairs = [(m, methods[0]) for m in methods[1:]]
-    pairs += [(a, b) for i, b in enumerate(methods[1:], 1) for a in methods[i + 1 :]]
-    return pairs
-
-
-def _mean_std(values: Sequence[float]) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else math.nan
-    return f"{statistics.fmean(values):.1f} ± {std:.1f}" if len(values) > 1 else f"{values[0]:.1f}"
-
-
-def _p(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.3f}"
-
-
-def report(results: Sequence[DrawResult], test_size: int | None = None) -> str:
-    """The Markdown table of a few-shot study: per size, the mean test accuracy of each
-    method and its chosen learning rates, then each difference per draw with its paired
-    t-test over draws (p-values Holm-corrected over every difference of every size)."""
-    sizes = sorted({r.per_class for r in results})
-    present = {r.method for r in results}
-    methods = [m for m in METHODS if m in present] + sorted(present - set(METHODS))
-    by = {(r.per_class, r.draw, r.method): r for r in results}
-    rows, p_values = [], []
-    for k in sizes:
-        draws = sorted({r.draw for r in results if r.per_class == k})
-        for ours, theirs in _comparisons(methods):
-            paired = [d for d in draws if (k, d, ours) in by and (k, d, theirs) in by]
-            diffs = [by[k, d, ours].test - by[k, d, theirs].test for d in paired]
-            if diffs:
-                rows.append((k, ours, theirs, paired, diffs))
-                p_values.append(seed_t_test(diffs))
-    adjusted = holm(p_values)
-    lines = []
-    for k in sizes:
-        draws = sorted({r.draw for r in results if r.per_class == k})
-        held = f", test {test_size}" if test_size else ""
-        lines += [
-            f"### {k} examples per class ({len(draws)} draws; dev of the same size{held})",
-            "",
-            "| method | test accuracy (mean ± std over draws) | per draw: test (lr on dev) |",
-            "|---|---|---|",
-        ]
-        for m in methods:
-            mine = [by[k, d, m] for d in draws if (k, d, m) in by]
-            if not mine:
-                continue
-            shown = ", ".join(f"d{r.draw} {r.test:.1f} ({r.lr:g})" for r in mine)
-            lines.append(f"| {NAMES.get(m, m)} | {_mean_std([r.test for r in mine])} | {shown} |")
-        lines += [
-            "",
-            "| difference (points) | mean | per draw | p (paired t over draws) | p (Holm) |",
-            "|---|---|---|---|---|",
-        ]
-        for (size, ours, theirs, paired, diffs), p, p_holm in zip(rows, p_values, adjusted):
-            if size != k:
-                continue
-            per_draw = ", ".join(f"d{d} {x:+.1f}" for d, x in zip(paired, diffs))
-            lines.append(
-                f"| {NAMES.get(ours, ours)} − {NAMES.get(theirs, theirs)} | "
-                f"{statistics.fmean(diffs):+.1f} | {per_draw} | {_p(p)} | {_p(p_holm)} |"
-            )
-        lines.append("")
-    lines.append(
-        "Learning rate chosen per method and draw on the draw's dev split; accuracy in percent "
-        "on the test split. Paired t-tests over draws (n/a below 2 draws or without spread), "
-        "Holm-corrected over every row of the tables."
-    )
-    return "\n".join(lines) + "\n"
+def read_draw(
+    out: str | Path, per_class: int, draw: int, methods: Sequence[str], lrs: Sequence[float]
+) -> list[DrawResult]:
+    """Every method's result on a draw from its finished runs under ``out``: dev and test
+    accuracy at each learning rate of ``lrs`` and the chosen run's per-example test
+    predictions (``predictions.tsv``, when kept). ``FileNotFoundError`` naming the first run
+    that is not finished."""
+    results = []
+    for method in methods:
+        dev, test, subset = {}, {}, "test"
+        for lr in lrs:
+            path = run_folder(out, per_class, draw, lr, method) / RESULT_FILE
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: not found (the run is not finished)")
+            result = json.loads(path.read_text(encoding="utf-8"))
+            dev[lr], test[lr] = float(result["dev"]["accuracy"]), float(result["test"]["accuracy"])
+            subset = result.get("test_subset", subset)
+        found = DrawResult(per_class, draw, method, dev, test)
+        predictions = run_folder(out, per_class, draw, found.lr, method) / PREDICTIONS_FILE
+        if predictions.is_file():
+            split = read_predictions(predictions).get(subset)
+            if split is not None:
+                found = replace(found, test_correct=tuple(split.correct()))
+        results.append(found)
+    return results

@@ -10,6 +10,8 @@ correction for the number of tests.
   interval and a two-sided p-value from resampling the examples (the same resample for every
   seed, so the pairing is kept).
 * :func:`holm`: Holm's step-down correction of a family of p-values.
+* :func:`verdict`: the rule of the study's pages: a difference is a verdict (better / worse)
+  only when every corrected test it is judged by is below ``ALPHA``.
 """
 
 from __future__ import annotations
@@ -22,13 +24,17 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = [
+    "ALPHA",
     "BootstrapResult",
     "McNemarResult",
     "holm",
     "mcnemar",
     "paired_bootstrap",
     "seed_t_test",
+    "verdict",
 ]
+
+ALPHA = 0.05  # the level a corrected p-value must be below for a verdict
 
 
 def seed_t_test(differences: Sequence[float]) -> float:
@@ -119,3 +125,14 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[i] = running
     return adjusted
+
+
+def verdict(mean_difference: float, corrected: Sequence[float], alpha: float = ALPHA) -> str:
+    """``better`` / ``worse`` (the sign of ``mean_difference``) when every p-value of
+    ``corrected`` (Holm-corrected within the family) is below ``alpha``, else ``no
+    difference``; a NaN p-value (a test that could not be made) is not below, and no p-value
+    at all gives no verdict."""
+    significant = bool(corrected) and all(p < alpha for p in corrected)
+    if not significant or mean_difference == 0:
+        return "no difference"
+    return "better" if mean_difference > 0 else "worse"

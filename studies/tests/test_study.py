@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from acl_fairseq.data import splits
+from acl_fairseq.experiment import fewshot
 from studies import data as study_data
 from studies import paired as study_paired
 from studies import phases as study
@@ -59,7 +61,7 @@ def test_fewshot_dev_reports_a_draw_once_every_learning_rate_ran():
         return {"folder": folder, "run": f"ce-seed{draw}", "method": "ce", "seed": draw,
                 "dev_accuracy": dev}  # fmt: skip
 
-    lrs = round2.FEWSHOT_DEV_LRS
+    lrs = fewshot.LEARNING_RATES
     done = [run(1, lr, dev) for lr, dev in zip(lrs, (60.0, 65.0, 65.0))]
     unfinished = [run(2, lr, dev) for lr, dev in zip(lrs[:-1], (50.0, 70.0))]
     other = [run(1, lr, 90.0, task="fewshot-other") for lr in lrs]
@@ -76,19 +78,24 @@ def test_movie_splits_keep_the_demos_dev_and_test():
 
 
 def test_fewshot_draws_k_per_class_from_train_only():
+    """The study draws with the library's few-shot draws (acl-fairseq-fewshot's)."""
+    assert study_data.fewshot_train is splits.fewshot_train
+    assert study_data.fewshot_train_dev is splits.fewshot_train_dev
     train = [(f"s{i}", "positive" if i % 3 else "negative") for i in range(300)]
     one = study_data.fewshot_train(train, 16, seed=1)
     assert sorted(label for _, label in one).count("negative") == 16 and len(one) == 32
     assert set(one) <= set(train) and len(set(one)) == 32
     assert one == study_data.fewshot_train(train, 16, seed=1)
     assert set(one) != set(study_data.fewshot_train(train, 16, seed=2))
-    with pytest.raises(SystemExit, match="negative has 100"):
+    with pytest.raises(ValueError, match="negative has 100"):
         study_data.fewshot_train(train, 101, seed=1)
 
 
 def test_choice_is_the_best_dev_score_first_in_grid_order_on_ties():
-    assert study.best_key({"a": 80.0, "b": 81.5, "c": 81.5}) == "b"
-    assert study.best_key({"0.1,0.3": 79.0}) == "0.1,0.3"
+    """Every choice of the study is the protocol's (acl_fairseq.experiment.fewshot)."""
+    assert study.best_on_dev is fewshot.best_on_dev and round2.fewshot is fewshot
+    assert study.best_on_dev({"a": 80.0, "b": 81.5, "c": 81.5}) == "b"
+    assert study.best_on_dev({"0.1,0.3": 79.0}) == "0.1,0.3"
 
 
 def _write_run(out, method, seed, dev, test, angles=None, stage1=None, updates=100):

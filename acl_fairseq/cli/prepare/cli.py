@@ -42,7 +42,9 @@ call, several seconds each); ``--preprocess-subprocess`` runs the executable ins
 
 Unlike the recipe, rows with a missing field, an empty text or a label outside the task's
 label set are never silently dropped: they are reported with file and line number and stop
-the run, unless ``--skip-bad-rows`` is given.
+the run, unless ``--skip-bad-rows`` is given. What skipping rows cannot fix stops the run
+always: a class of dev or test that the training file lacks (named as such), a training file
+of one class, and one label written two ways (``1`` and ``1.0``), which would be two classes.
 
 Examples::
 
