@@ -21,8 +21,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from acl_fairseq.experiment.mean_std import summarize
 from acl_fairseq.experiment.paired_tests import holm, mcnemar, paired_bootstrap, seed_t_test
-from studies.records import mean_std, predictions_of
+from studies.records import predictions_of
 from studies.round2 import FEWSHOT_DEV_LRS, MAIN_LAMBDA
 
 PAIRED_COLUMNS = [
@@ -173,7 +174,7 @@ def _row(c: Comparison) -> dict[str, Any]:
         "metric": c.metric, "seeds": len(diffs),
         "per_seed_difference": " ".join(f"{d:+.2f}" for d in diffs),
     }  # fmt: skip
-    mean, std = mean_std(diffs)
+    mean, std, _ = summarize(diffs)
     row.update(mean_difference=round(mean, 3), std=std, paired_t_p=seed_t_test(diffs))
     layer = _layer(c.metric)
     ours, theirs = [], []

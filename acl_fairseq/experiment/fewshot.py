@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .mean_std import fmt_mean_std
 from .paired_tests import holm, seed_t_test
 
 __all__ = [
@@ -115,11 +116,6 @@ def _comparisons(methods: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _mean_std(values: Sequence[float]) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else math.nan
-    return f"{statistics.fmean(values):.1f} ± {std:.1f}" if len(values) > 1 else f"{values[0]:.1f}"
-
-
 def _p(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:.3f}"
 
@@ -157,7 +153,8 @@ def report(results: Sequence[DrawResult], test_size: int | None = None) -> str:
             if not mine:
                 continue
             shown = ", ".join(f"d{r.draw} {r.test:.1f} ({r.lr:g})" for r in mine)
-            lines.append(f"| {NAMES.get(m, m)} | {_mean_std([r.test for r in mine])} | {shown} |")
+            mean = fmt_mean_std([r.test for r in mine], 1)
+            lines.append(f"| {NAMES.get(m, m)} | {mean} | {shown} |")
         lines += [
             "",
             "| difference (points) | mean | per draw | p (paired t over draws) | p (Holm) |",
