@@ -356,6 +356,9 @@ def test_missing_paths_fail_before_fairseq(tmp_path):
     (data / "RTE-bin" / "prepare_glue.json").write_text('{\n  "num_classes": 3\n}\n')
     code, _, err = glue("rte", "acl", **env, PRETRAINED="none")
     assert code == 2 and "num_classes 3 but RTE has 2" in err
+    (data / "RTE-bin" / "prepare_glue.json").write_text("num_classes: 2\n")
+    code, _, err = glue("rte", "acl", **env, PRETRAINED="none")
+    assert code == 2 and "prepare_glue.json: not the JSON object acl-fairseq-prepare" in err
     assert not trace.exists()
     # a dry run only warns about missing files
     code, _, err = glue("mnli", "acl", "--dry-run", **env)

@@ -7,17 +7,17 @@ model and the flags are checked before anything runs.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from acl_fairseq.data.prepared import META_FILE
+from acl_fairseq.data.prepared import META_FILE, read_num_classes
+from acl_fairseq.data.task_specs import DataError
 from acl_fairseq.experiment.paths import USER_DIR
 from acl_fairseq.experiment.recipe import (
     CRITERIA,
@@ -108,7 +108,9 @@ def _choice(env: Mapping[str, str], name: str, default: str) -> str:
     return value
 
 
-def _check_data(data: Path, task: str, num_classes: int, problem) -> str | None:
+def _check_data(
+    data: Path, task: str, num_classes: int, problem: Callable[[str], None]
+) -> str | None:
     """Problems with the data folder; returns the valid subset to use in place of the
     recipe's, if any (MNLI without its mismatched split)."""
     if not data.is_dir():
@@ -120,14 +122,15 @@ def _check_data(data: Path, task: str, num_classes: int, problem) -> str | None:
     if not (data / "input0").is_dir():
         problem(f"{data} has no input0/: not binarized data from acl-fairseq-prepare")
         return None
-    meta = data / META_FILE
-    if meta.is_file():
-        recorded = json.loads(meta.read_text(encoding="utf-8")).get("num_classes")
-        if recorded is not None and int(recorded) != num_classes:
-            raise RecipeError(
-                f"{meta} says num_classes {recorded} but {task} has {num_classes}: "
-                f"is {data} really {task}?"
-            )
+    try:
+        recorded = read_num_classes(data)
+    except DataError as e:
+        raise RecipeError(str(e)) from None
+    if recorded is not None and recorded != num_classes:
+        raise RecipeError(
+            f"{data / META_FILE} says num_classes {recorded} but {task} has {num_classes}: "
+            f"is {data} really {task}?"
+        )
     if task == "MNLI" and not (data / "input0" / "valid1.idx").is_file():
         _warn(f"{data}/input0/valid1.* (MNLI mismatched) not found: validating on valid only")
         return "valid"
