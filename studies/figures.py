@@ -3,16 +3,15 @@ few-shot curve, the lambda grid, the lambda study over seeds, the early-exit cur
 
 from __future__ import annotations
 
-import math
 import shutil
 from pathlib import Path
 from typing import Any
 
+from acl_fairseq.experiment.mean_std import error_bar, summarize
 from studies.paired import lambdas, runs_by_seed
 from studies.records import (
     by_name,
     fewshot_groups,
-    mean_std,
     paired_differences,
     train_log_records,
     write_csv,
@@ -70,13 +69,13 @@ def fewshot_figure(records: list[dict], fig_dir: Path, plt: Any) -> None:
             seeds = groups.get((k, method))
             if not seeds:
                 continue
-            mean, std = mean_std(list(seeds.values()))
-            points.append((k * shift, mean, 0.0 if math.isnan(std) else std))
+            mean, std, _ = summarize(list(seeds.values()))
+            points.append((k * shift, mean, error_bar(std)))
             rows.append([k, method, len(seeds), mean, std])
             to_ce = paired_differences(seeds, groups.get((k, "ce"), {}))
             if method != "ce" and to_ce:
-                d_mean, d_std = mean_std(to_ce)
-                diffs.append((k * shift, d_mean, 0.0 if math.isnan(d_std) else d_std))
+                d_mean, d_std, _ = summarize(to_ce)
+                diffs.append((k * shift, d_mean, error_bar(d_std)))
         if points:
             curve.errorbar(*zip(*points), marker="o", capsize=3, label=method)
         if diffs:
@@ -111,8 +110,8 @@ def lambda_seeds_figure(records: list[dict], fig_dir: Path, plt: Any) -> None:
         for suffix in suffixes:
             values = [float(r["test_accuracy"]) for r in per.get(method + suffix, {}).values()]
             if values:
-                mean, std = mean_std(values)
-                std = 0.0 if math.isnan(std) else std
+                mean, std, _ = summarize(values)
+                std = error_bar(std)
                 points.append((float(suffix[len("-lam") :]), mean, std, len(values)))
         rows += [[method, *p] for p in points]
         if points:
@@ -120,8 +119,8 @@ def lambda_seeds_figure(records: list[dict], fig_dir: Path, plt: Any) -> None:
             ax.errorbar(lam, mean, yerr=std, marker="o", capsize=3, color=color, label=method)
     ce = [float(r["test_accuracy"]) for r in per.get("ce", {}).values()]
     if ce:
-        mean, std = mean_std(ce)
-        std = 0.0 if math.isnan(std) else std
+        mean, std, _ = summarize(ce)
+        std = error_bar(std)
         ax.axhspan(mean - std, mean + std, color="gray", alpha=0.25, label="ce (mean ± std)")
         rows.append(["ce", "", mean, std, len(ce)])
     ax.set(xscale="log", xlabel="λ", ylabel="test accuracy (%)",

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from acl_fairseq.experiment import fewshot
+from acl_fairseq.experiment.mean_std import summarize
 from acl_fairseq.experiment.paired_tests import (
     holm,
     mcnemar,
@@ -30,7 +31,7 @@ from acl_fairseq.experiment.paired_tests import (
     seed_t_test,
     verdict,
 )
-from studies.records import mean_std, predictions_of
+from studies.records import predictions_of
 from studies.round2 import MAIN_LAMBDA
 
 PAIRED_COLUMNS = [
@@ -84,11 +85,7 @@ def comparisons(records: list[dict]) -> list[Comparison]:
         for method, base in [*pairs, ("acl", "ce_scl")]:
             add(study, study, method, base, "accuracy", per.get(method), per.get(base))
         _exit_pairs(add, study, study, per, "acl_cl", "multi_exit_joint")
-    few = fewshot_draws(records, "fewshot")
-    for k in sorted({k for k, _ in few}):
-        for method, base in (("ce_scl", "ce"), ("acl", "ce"), ("acl", "ce_scl")):
-            add("fewshot", f"fewshot k{k}", method, base, "accuracy",
-                few.get((k, method)), few.get((k, base)))  # fmt: skip
+    _fewshot_pairs(add, records, "fewshot")
     per = runs_by_seed(records, "pair-converged/main")
     gate = (("acl", "ce"), ("acl_embed", "ce"), ("acl", "acl_embed"), ("ce_scl", "ce"),
             ("ce_scl_grad", "ce_scl"), ("acl", "ce_scl"))  # fmt: skip
@@ -105,11 +102,7 @@ def comparisons(records: list[dict]) -> list[Comparison]:
         for lam in (lam for lam in lambdas(per) if lam != main):
             add("lambda-within", "lambda", f"{method}{lam}", f"{method}{main}", "accuracy",
                 per.get(f"{method}{lam}"), per.get(f"{method}{main}"))  # fmt: skip
-    few = fewshot_draws(records, "fewshot-dev")
-    for k in sorted({k for k, _ in few}):
-        for method, base in (("ce_scl", "ce"), ("acl", "ce"), ("acl", "ce_scl")):
-            add("fewshot-dev", f"fewshot-dev k{k}", method, base, "accuracy",
-                few.get((k, method)), few.get((k, base)))  # fmt: skip
+    _fewshot_pairs(add, records, "fewshot-dev")
     per = runs_by_seed(records, "acl-cl-same-start/main")
     joint = "joint_from_acl"  # the phase's joint CE run: stage 2 from the ACL run
     add("acl-cl-same-start", "acl-cl-same-start", "acl_cl", joint, "accuracy",
@@ -118,6 +111,16 @@ def comparisons(records: list[dict]) -> list[Comparison]:
     if "acl_cl_plain" in per:
         _exit_pairs(add, "acl-cl-same-start", "acl-cl-same-start", per, "acl_cl_plain", joint)
     return found
+
+
+def _fewshot_pairs(add, records: list[dict], study: str) -> None:
+    """CE+SCL and ACL against CE, and ACL against CE+SCL, paired by draw at every size of a
+    few-shot study (one family: the study)."""
+    few = fewshot_draws(records, study)
+    for k in sorted({k for k, _ in few}):
+        for method, base in (("ce_scl", "ce"), ("acl", "ce"), ("acl", "ce_scl")):
+            add(study, f"{study} k{k}", method, base, "accuracy",
+                few.get((k, method)), few.get((k, base)))  # fmt: skip
 
 
 def _exit_pairs(add, family, study, per, method, base) -> None:
@@ -177,7 +180,7 @@ def _row(c: Comparison) -> dict[str, Any]:
         "metric": c.metric, "seeds": len(diffs),
         "per_seed_difference": " ".join(f"{d:+.2f}" for d in diffs),
     }  # fmt: skip
-    mean, std = mean_std(diffs)
+    mean, std, _ = summarize(diffs)
     row.update(mean_difference=round(mean, 3), std=std, paired_t_p=seed_t_test(diffs))
     layer = _layer(c.metric)
     ours, theirs = [], []

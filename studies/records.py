@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -141,9 +140,9 @@ def by_name(records: list[dict], folder: str) -> dict[str, dict]:
     return {r["run"]: r for r in records if r["folder"] == folder}
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    mean = statistics.fmean(values)
-    return mean, statistics.stdev(values) if len(values) > 1 else math.nan
+def csv_number(value: float) -> Any:
+    """A mean or std for a CSV cell: rounded to 3 decimals, empty where it is nan."""
+    return "" if math.isnan(value) else round(value, 3)
 
 
 def updates_per_stage(record: dict, runs: dict[str, dict]) -> str:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
-import math
 import shutil
 import statistics
 import sys
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from acl_fairseq.acl_grad import AngleRecord, read_angle_log, scope_agreement
+from acl_fairseq.experiment.mean_std import summarize
 from acl_fairseq.experiment.predictions import PREDICTIONS_FILE
 from studies.data import REPO
 from studies.figures import figures, grid_and_exit_figures
@@ -54,7 +54,7 @@ from studies.records import (
     STUDY_OF,
     by_name,
     collect,
-    mean_std,
+    csv_number,
     updates_per_stage,
     write_csv,
 )
@@ -110,11 +110,11 @@ def summary_rows(records: list[dict]) -> list[list[Any]]:
                 values = [r[key] for r in group if key in r]
                 if not values:
                     continue
-                mean, std = mean_std(values)
+                mean, std, _ = summarize(values)
                 metric = "accuracy" if key == "dev_accuracy" else key[len("test_") :]
                 rows.append([
                     study, method, label, group[0]["n_train"], len(values), ";".join(stages),
-                    split, metric, round(mean, 3), "" if math.isnan(std) else round(std, 3),
+                    split, metric, round(mean, 3), csv_number(std),
                 ])  # fmt: skip
     return rows
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from acl_fairseq.experiment.mean_std import fmt, summarize
 from acl_fairseq.experiment.paired_tests import seed_t_test
 from studies.paired import lambdas, runs_by_seed
-from studies.records import mean_std
+from studies.records import csv_number
 
 LAMBDA_FOLDER = "lambda/main"
 METHODS = ("acl", "ce_scl")
@@ -26,10 +27,6 @@ SENSITIVITY_COLUMNS = [
     "per_seed_range_mean", "per_seed_range_std", "dev_chosen_lambda_per_seed",
     "dev_chosen_test_mean", "dev_chosen_test_std", "range_minus_ce_scl", "range_paired_t_p",
 ]  # fmt: skip
-
-
-def _fmt(value: float) -> Any:
-    return "" if math.isnan(value) else round(value, 3)
 
 
 def lambda_sensitivity_rows(records: list[dict]) -> list[list[Any]]:
@@ -52,26 +49,28 @@ def lambda_sensitivity_rows(records: list[dict]) -> list[list[Any]]:
         picks = [max(range(len(runs)), key=lambda i: (runs[i][s]["dev_accuracy"], -i))
                  for s in seeds]  # fmt: skip
         chosen = [by_seed[j][i] for j, i in enumerate(picks)]
-        means = [mean_std(v) for v in test]
-        stds = " / ".join("-" if math.isnan(d) else f"{d:.2f}" for _, d in means)
-        spread_mean, spread_std = mean_std(spread)
-        chosen_mean, chosen_std = mean_std(chosen)
+        means = [summarize(v)[:2] for v in test]
+        stds = " / ".join(fmt(d) for _, d in means)
+        spread_mean, spread_std, _ = summarize(spread)
+        chosen_mean, chosen_std, _ = summarize(chosen)
         rows[method] = {
             "method": method, "seeds": len(seeds),
             "lambdas": " / ".join(s[len("-lam"):] for s in suffixes),
             "test_mean_by_lambda": " / ".join(f"{m:.2f}" for m, _ in means),
             "test_std_by_lambda": stds,
-            "range_of_means": _fmt(max(m for m, _ in means) - min(m for m, _ in means)),
-            "per_seed_range_mean": _fmt(spread_mean), "per_seed_range_std": _fmt(spread_std),
+            "range_of_means": csv_number(max(m for m, _ in means) - min(m for m, _ in means)),
+            "per_seed_range_mean": csv_number(spread_mean),
+            "per_seed_range_std": csv_number(spread_std),
             "dev_chosen_lambda_per_seed": " ".join(suffixes[i][len("-lam"):] for i in picks),
-            "dev_chosen_test_mean": _fmt(chosen_mean), "dev_chosen_test_std": _fmt(chosen_std),
+            "dev_chosen_test_mean": csv_number(chosen_mean),
+            "dev_chosen_test_std": csv_number(chosen_std),
             "range_minus_ce_scl": "", "range_paired_t_p": "",
         }  # fmt: skip
     if "acl" in rows and "ce_scl" in rows:
         common = sorted(set(ranges["acl"]) & set(ranges["ce_scl"]))
         diffs = [ranges["acl"][s] - ranges["ce_scl"][s] for s in common]
         if diffs:
-            rows["acl"]["range_minus_ce_scl"] = _fmt(mean_std(diffs)[0])
+            rows["acl"]["range_minus_ce_scl"] = csv_number(summarize(diffs)[0])
             p = seed_t_test(diffs)
             rows["acl"]["range_paired_t_p"] = "" if math.isnan(p) else float(f"{p:.4g}")
     return [[row[c] for c in SENSITIVITY_COLUMNS] for row in rows.values()]
@@ -100,16 +99,17 @@ def dev_test_gap_rows(records: list[dict]) -> list[list[Any]]:
         seeds = sorted(runs)
         gap = [gaps[name][s] for s in seeds]
         optimism = [o for o in (_optimism(runs[s].get("valid_curve")) for s in seeds) if o == o]
-        mean, std = mean_std(gap)
-        row = [name, len(seeds), _fmt(mean_std([float(runs[s]["dev_accuracy"]) for s in seeds])[0]),
-               _fmt(mean_std([float(runs[s]["test_accuracy"]) for s in seeds])[0]),
-               " ".join(f"{g:+.1f}" for g in gap), _fmt(mean), _fmt(std),
-               _fmt(mean_std(optimism)[0]) if optimism else ""]  # fmt: skip
+        mean, std, _ = summarize(gap)
+        dev = [float(runs[s]["dev_accuracy"]) for s in seeds]
+        test = [float(runs[s]["test_accuracy"]) for s in seeds]
+        row = [name, len(seeds), csv_number(summarize(dev)[0]), csv_number(summarize(test)[0]),
+               " ".join(f"{g:+.1f}" for g in gap), csv_number(mean), csv_number(std),
+               csv_number(summarize(optimism)[0]) if optimism else ""]  # fmt: skip
         common = sorted(set(seeds) & set(gaps.get("ce", {})))
         if name != "ce" and common:
             diffs = [gaps[name][s] - gaps["ce"][s] for s in common]
             p = seed_t_test(diffs)
-            row += [_fmt(mean_std(diffs)[0]), "" if math.isnan(p) else float(f"{p:.4g}")]
+            row += [csv_number(summarize(diffs)[0]), "" if math.isnan(p) else float(f"{p:.4g}")]
         else:
             row += ["", ""]
         rows.append(row)

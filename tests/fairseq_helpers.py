@@ -42,6 +42,43 @@ def train_args(
     return args
 
 
+def exact_train_args(updates: int, **flags: object) -> list[str]:
+    """The flags (no architecture) of a run that two ways of training must reproduce update
+    for update: every batch of 8 examples, seed 3, no dropout, ``updates`` updates, no epoch
+    checkpoints; then ``flags`` (as :func:`train_args`)."""
+    return train_args(
+        [],
+        batch_size=8,
+        seed=3,
+        required_batch_size_multiple=1,
+        max_update=updates,
+        dropout=0,
+        attention_dropout=0,
+        pooler_dropout=0,
+        no_epoch_checkpoints=True,
+        **flags,
+    )
+
+
+# a 3-layer multi-exit model: two shallow exits and the last
+TINY_MULTI_EXIT_3 = [*TINY_MULTI_EXIT[:2], "--encoder-layers", "3", *TINY_MULTI_EXIT[2:]]
+
+
+def fairseq_setup(argv: list, seed: int | None = None):
+    """``(cfg, task, model)`` as fairseq-train sets them up from its command line ``argv`` (the
+    data folder first), in this process; ``seed``: torch's seed before the model is built."""
+    import torch
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parsed = options.parse_args_and_arch(options.get_training_parser(), [str(a) for a in argv])
+    cfg = convert_namespace_to_omegaconf(parsed)
+    task = tasks.setup_task(cfg.task)
+    if seed is not None:
+        torch.manual_seed(seed)
+    return cfg, task, task.build_model(cfg.model)
+
+
 POSITIVE = [f"good{i}" for i in range(12)]
 NEGATIVE = [f"bad{i}" for i in range(12)]
 NEUTRAL = [f"w{i}" for i in range(40)]

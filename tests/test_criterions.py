@@ -8,11 +8,11 @@ criterions beyond the model.
 import pytest
 import torch
 import torch.nn.functional as F
-from fairseq import options, tasks
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from test_losses import naive_supcon
 
 from acl_fairseq.tasks.input_checks import check_num_classes
+
+from fairseq_helpers import fairseq_setup
 
 NUM_CLASSES = 3
 
@@ -28,20 +28,16 @@ def data_dir(tmp_path_factory):
 
 
 def build(data_dir, criterion: list[str], arch: str = "multi_exit_roberta_tiny"):
-    args = options.parse_args_and_arch(
-        options.get_training_parser(),
+    cfg, task, model = fairseq_setup(
         [
-            str(data_dir), "--task", "acl_sentence_prediction", "--num-classes",
+            data_dir, "--task", "acl_sentence_prediction", "--num-classes",
             str(NUM_CLASSES), "--max-positions", "64", "--arch", arch,
             "--encoder-layers", "3", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim",
             "32", "--encoder-attention-heads", "2", "--dropout", "0", "--attention-dropout", "0",
             "--pooler-dropout", "0", "--seed", "3", *criterion,
         ],
+        seed=3,
     )  # fmt: skip
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    torch.manual_seed(3)
-    model = task.build_model(cfg.model)
     return task, model, task.build_criterion(cfg.criterion)
 
 

@@ -37,33 +37,22 @@ from acl_fairseq.distributed import (
 
 from fairseq_helpers import (
     LAUNCHER,
+    TINY_MULTI_EXIT_3,
     TINY_ROBERTA,
+    exact_train_args,
     fairseq_train_with,
     json_records,
     rank_output,
-    train_args,
 )
 
 UPDATES = 6
-COMMON = train_args(
-    [],
-    batch_size=8,
-    seed=3,
-    required_batch_size_multiple=1,
-    max_update=UPDATES,
-    dropout=0,
-    attention_dropout=0,
-    pooler_dropout=0,
-    disable_validation=True,
-    no_epoch_checkpoints=True,
-)
-MULTI_EXIT = ["--arch", "multi_exit_roberta_tiny", "--encoder-layers", "3", "--max-positions", "64"]
+COMMON = exact_train_args(UPDATES, disable_validation=True)
 
 CASES = {
     "acl_embed": [*TINY_ROBERTA, "--criterion", "acl_embed"],
     "ce_scl": [*TINY_ROBERTA, "--criterion", "ce_scl"],
     "ce_scl_acl_grad": [*TINY_ROBERTA, "--criterion", "ce_scl", "--acl-grad"],
-    "acl_cross_layer": [*MULTI_EXIT, "--criterion", "acl_cross_layer"],
+    "acl_cross_layer": [*TINY_MULTI_EXIT_3, "--criterion", "acl_cross_layer"],
     "head": [*TINY_ROBERTA, "--criterion", "acl_embed", "--acl-grad-scope", "head"],
     "top:1": [*TINY_ROBERTA, "--criterion", "acl_embed", "--acl-grad-scope", "top:1"],
 }

@@ -48,6 +48,7 @@ def test_every_tool_is_a_package_of_one_shape():
             "convert_bert",
             "demo",
             "fewshot",
+            "glue",
             "plots",
             "predict",
             "prepare",

@@ -16,8 +16,6 @@ import math
 
 import pytest
 import torch
-from fairseq import options, tasks
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.logging import metrics
 from fairseq.trainer import Trainer
 
@@ -28,7 +26,7 @@ from acl_fairseq.criterions.losses import (
     supervised_contrastive_loss,
 )
 
-from fairseq_helpers import fairseq_train, json_records, train_args
+from fairseq_helpers import fairseq_setup, fairseq_train, json_records, train_args
 
 NUM_CLASSES = 3
 VOCAB = 30
@@ -56,19 +54,15 @@ def data_dir(tmp_path_factory):
 
 def build(data_dir, args: list[str], save_dir=None):
     extra = ["--save-dir", str(save_dir)] if save_dir else []
-    parsed = options.parse_args_and_arch(
-        options.get_training_parser(),
+    cfg, task, model = fairseq_setup(
         [
-            str(data_dir), "--task", "acl_sentence_prediction", "--num-classes",
+            data_dir, "--task", "acl_sentence_prediction", "--num-classes",
             str(NUM_CLASSES), "--cpu", *TINY, "--dropout", "0", "--attention-dropout", "0",
             "--pooler-dropout", "0", "--seed", "3", "--temperature", "0.05",
             "--optimizer", "adam", "--lr", "1e-3", *extra, *args,
         ],
+        seed=3,
     )  # fmt: skip
-    cfg = convert_namespace_to_omegaconf(parsed)
-    task = tasks.setup_task(cfg.task)
-    torch.manual_seed(3)
-    model = task.build_model(cfg.model)
     return cfg, task, model, task.build_criterion(cfg.criterion)
 
 

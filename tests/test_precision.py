@@ -6,20 +6,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from fairseq import checkpoint_utils, options, tasks
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq import checkpoint_utils
 from test_acl_grad import PlainOptimizer, TwoTermCriterion, TwoTermModel, make_task
 
 from acl_fairseq.acl_grad import read_angle_log
 
 from fairseq_helpers import (
+    TINY_MULTI_EXIT_3,
     TINY_ROBERTA,
     USER_DIR,
+    exact_train_args,
+    fairseq_setup,
     fairseq_train_with,
     fairseq_validate,
     json_records,
     rank_output,
-    train_args,
 )
 
 
@@ -99,11 +100,8 @@ def build_from_flags(tmp_path: Path, *flags: str):
     (tmp_path / "label").mkdir(exist_ok=True)
     (tmp_path / "input0" / "dict.txt").write_text("".join(f"t{i} 1\n" for i in range(20)))
     (tmp_path / "label" / "dict.txt").write_text("0 1\n1 1\n")
-    args = [str(tmp_path), "--user-dir", USER_DIR, "--cpu", "--num-classes", "2", *flags]
-    parsed = options.parse_args_and_arch(options.get_training_parser(), args)
-    cfg = convert_namespace_to_omegaconf(parsed)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
+    args = [tmp_path, "--user-dir", USER_DIR, "--cpu", "--num-classes", "2", *flags]
+    cfg, task, model = fairseq_setup(args)
     return task, model, task.build_criterion(cfg.criterion)
 
 
@@ -172,21 +170,10 @@ def test_autocast_choices_are_checked_by_the_parser(tmp_path):
 
 # ------------------------------------------------------------------ end to end (fairseq-train)
 UPDATES = 24
-COMMON = train_args(
-    [],
-    batch_size=8,
-    seed=3,
-    required_batch_size_multiple=1,
-    max_update=UPDATES,
-    dropout=0,
-    attention_dropout=0,
-    pooler_dropout=0,
-    no_epoch_checkpoints=True,
-)
-MULTI_EXIT = ["--arch", "multi_exit_roberta_tiny", "--encoder-layers", "3", "--max-positions", "64"]
+COMMON = exact_train_args(UPDATES)
 CRITERIONS = {
     "acl_embed": [*TINY_ROBERTA, "--criterion", "acl_embed"],
-    "acl_cross_layer": [*MULTI_EXIT, "--criterion", "acl_cross_layer"],
+    "acl_cross_layer": [*TINY_MULTI_EXIT_3, "--criterion", "acl_cross_layer"],
     "ce_scl_acl_grad": [*TINY_ROBERTA, "--criterion", "ce_scl", "--acl-grad"],
     "ce": [*TINY_ROBERTA, "--criterion", "sentence_prediction"],
 }

@@ -1,5 +1,6 @@
 """The GLUE recipes run for 2 updates on a tiny generated dataset with a tiny model: the
-fairseq-hydra-train configs of configs/ and scripts/glue/train.sh (every test trains)."""
+fairseq-hydra-train configs of configs/ and scripts/glue/train.sh (every test trains;
+test_recipes.py checks every task x method without training)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ HYDRA_TINY = [
     "task.max_positions=64",
     *[f"++model.{k}={v}" for k, v in TINY_MODEL.items()],
 ]
-# the method overrides, exactly as configs/README.md lists them
+# the method overrides of configs/README.md (the last stage's, without its checkpoint paths)
 HYDRA_METHOD = {
     "acl": ["criterion._name=acl_embed"],
     "multi_exit_joint": [

@@ -33,6 +33,19 @@ def read_meta(data_dir: str | Path) -> dict[str, Any]:
     return {**meta, "tokenizer": asdict(config)}
 
 
+def read_num_classes(data_dir: str | Path) -> int | None:
+    """The ``num_classes`` a prepared folder's ``prepare_glue.json`` records; None without the
+    file or the field. ``DataError`` for a file that is not JSON."""
+    path = Path(data_dir) / META_FILE
+    if not path.is_file():
+        return None
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8")).get("num_classes")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise DataError(f"{path}: not the JSON object acl-fairseq-prepare writes ({e})") from None
+    return None if recorded is None else int(recorded)
+
+
 def meta_tokenizer_config(data_dir: str | Path) -> TokenizerConfig:
     """The tokenizer recorded at preparation, its files in the folder (``sentencepiece.model``,
     ``tokenizer/...``); older absolute paths are still accepted."""

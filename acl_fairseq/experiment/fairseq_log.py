@@ -7,7 +7,23 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["best_dev", "json_records", "log_records", "numbers", "test_metrics"]
+__all__ = [
+    "PROGRESS_KINDS",
+    "best_dev",
+    "json_records",
+    "log_records",
+    "numbers",
+    "progress_kind",
+    "test_metrics",
+]
+
+PROGRESS_KINDS = ("train_inner", "valid")
+"""The progress lines of fairseq-train: a training interval's and a validation's record."""
+
+
+def progress_kind(line: str) -> str | None:
+    """``train_inner`` or ``valid`` for a progress line of fairseq-train, else None."""
+    return next((kind for kind in PROGRESS_KINDS if f"| {kind} |" in line), None)
 
 
 def json_records(lines: str | Iterable[str], kind: str | None = None) -> list[dict]:

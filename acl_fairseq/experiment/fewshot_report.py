@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .fewshot import METHODS, NAMES, DrawResult
+from .mean_std import fmt_mean_std
 from .paired_tests import ALPHA, holm, mcnemar, paired_bootstrap, seed_t_test, verdict
 
 __all__ = ["comparison_rows", "report"]
@@ -83,12 +84,6 @@ def comparison_rows(results: Sequence[DrawResult]) -> list[dict[str, Any]]:
             for row in rows]  # fmt: skip
 
 
-def _mean_std(values: Sequence[float]) -> str:
-    if len(values) < 2:
-        return f"{values[0]:.1f}"
-    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
-
-
 def _p(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -117,7 +112,7 @@ def report(results: Sequence[DrawResult], test_size: int | None = None) -> str:
             if not mine:
                 continue
             shown = ", ".join(f"d{r.draw} {r.test:.1f} ({r.lr:g})" for r in mine)
-            lines.append(f"| {_name(m)} | {_mean_std([r.test for r in mine])} | {shown} |")
+            lines.append(f"| {_name(m)} | {fmt_mean_std([r.test for r in mine], 1)} | {shown} |")
         lines += [
             "",
             "| difference (points) | mean | per draw | p (paired t over draws) | p (Holm) "

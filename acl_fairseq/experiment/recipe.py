@@ -8,8 +8,9 @@
   fairseq's RoBERTa betas and weight decay, polynomial decay after a warm-up, the checkpoint
   chosen on dev) in one order, each part given or left out;
 * ``GLUE_RECIPES`` and ``glue_commands``: fairseq's published RoBERTa GLUE recipe per task and
-  method, which ``scripts/glue/train.sh`` writes in bash (a test compares the two for every
-  task and method).
+  method, the commands ``scripts/glue/train.sh`` prints and runs (``acl_fairseq.cli.glue``);
+  ``configs/finetuning/*.yaml`` are tested against them;
+* ``shell_command``: a command line as a shell shows it, one flag per group, to read and copy.
 
 Used by ``acl-fairseq-compare`` (and so the study), ``acl-fairseq-demo`` and the tests.
 """
@@ -35,8 +36,10 @@ __all__ = [
     "flag_groups",
     "flag_value",
     "glue_commands",
+    "glue_recipe",
     "model_flags",
     "multi_exit_arch",
+    "shell_command",
     "train_command",
 ]
 
@@ -166,6 +169,20 @@ def flag_groups(args: Sequence[str]) -> list[str]:
     return [shlex.join(g) for g in groups]
 
 
+def shell_command(args: Sequence[str], width: int = 88) -> str:
+    """``args`` as a shell command to read and copy: the executable and its positional
+    arguments, then the flags (each with its values) packed into lines of at most ``width``
+    characters, continued with `` \\``."""
+    groups = flag_groups(args)
+    lines = groups[:1]
+    for group in groups[1:]:
+        if len(lines[-1]) + 1 + len(group) <= width - 2:
+            lines[-1] += " " + group
+        else:
+            lines.append("  " + group)
+    return " \\\n".join(lines)
+
+
 def train_command(
     data: str | Path,
     save_dir: str | Path,
@@ -288,6 +305,24 @@ FP16_FLAGS = ["--fp16", "--fp16-init-scale", "4", "--threshold-loss-scale", "1"]
 FP16_FLAGS += ["--fp16-scale-window", "128"]
 
 
+def glue_recipe(task: str, method: str | None = None) -> GlueRecipe:
+    """The recipe of GLUE ``task`` (case, ``-`` and ``_`` do not matter: ``sst_2``, ``SST-2``);
+    ``ValueError`` names an unknown task, an unknown ``method`` or one the task cannot train."""
+    recipe = GLUE_RECIPES.get(task.lower().replace("-", "").replace("_", ""))
+    if recipe is None:
+        known = " ".join(r.folder for r in GLUE_RECIPES.values())
+        raise ValueError(f"unknown task '{task}'; expected one of {known}")
+    if method is not None and method not in METHODS:
+        raise ValueError(f"unknown method '{method}'; expected one of {' '.join(METHODS)}")
+    if method not in (None, "ce") and recipe.regression:
+        raise ValueError(
+            f"{recipe.folder} is a regression task (--regression-target) and method '{method}' "
+            "uses a classification criterion (contrastive losses and per-exit CE need class "
+            f"labels); use method 'ce' for {recipe.folder}"
+        )
+    return recipe
+
+
 def glue_commands(
     task: str,
     method: str,
@@ -301,15 +336,16 @@ def glue_commands(
     stage2_extra: Sequence[str] = (),
     fairseq_train: str | Path = BIN / "fairseq-train",
     user_dir: str | Path = USER_DIR,
+    valid_subset: str | None = None,
 ) -> list[list[str]]:
     """The ``fairseq-train`` command(s) of ``method`` on GLUE ``task``, as
     ``scripts/glue/train.sh TASK METHOD EXTRA...`` runs them: one, or two for a multi-exit
     method (stage 1: its ``STAGE1`` method on the multi-exit model without shallow exits,
     into ``SAVE_DIR/stage1``; stage 2 restores its best checkpoint, into ``SAVE_DIR/stage2``).
+    ``pretrained`` None trains from random weights; ``valid_subset`` replaces the recipe's.
+    ``ValueError``: see :func:`glue_recipe`.
     """
-    recipe = GLUE_RECIPES[task.lower().replace("-", "").replace("_", "")]
-    if recipe.regression and method != "ce":
-        raise ValueError(f"{recipe.folder} is a regression task: use method 'ce'")
+    recipe = glue_recipe(task, method)
     data = Path(data_dir) / f"{recipe.folder}-bin"
     multi_exit = method in MULTI_EXIT_METHODS
 
@@ -333,7 +369,7 @@ def glue_commands(
             lr=recipe.lr,
             total_updates=recipe.updates,
             warmup_updates=recipe.warmup,
-            valid_subset=recipe.valid_subset,
+            valid_subset=valid_subset or recipe.valid_subset,
             best_metric=recipe.metric,
             maximize=recipe.metric != "loss",
             seed=seed,

@@ -5,13 +5,12 @@ summaries that the compare report and ``acl-fairseq-plots`` both make of them.""
 from __future__ import annotations
 
 import json
-import math
 import re
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .mean_std import summarize
 from .recipe import METHODS
 
 __all__ = [
@@ -23,7 +22,6 @@ __all__ = [
     "lambda_groups",
     "load_results",
     "main_results",
-    "summarize",
     "write_result",
 ]
 
@@ -39,16 +37,6 @@ def write_result(run_dir: Path, result: dict[str, Any]) -> Path:
     path = run_dir / RESULT_FILE
     path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return path
-
-
-def summarize(values: Sequence[float]) -> tuple[float, float, int]:
-    """``(mean, sample std, n)``; the std is nan for fewer than two values."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan, 0
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if n > 1 else math.nan
-    return mean, std, n
 
 
 def load_results(out: Path) -> list[dict]:

@@ -4,7 +4,6 @@ rebuilt from every ``runs/*/test.json``."""
 from __future__ import annotations
 
 import csv
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from typing import Any
 
 from acl_fairseq.acl_grad import AngleRecord
 from acl_fairseq.cli.compare.plan import format_lambda
+from acl_fairseq.experiment.mean_std import fmt, fmt_mean_std, summarize
 from acl_fairseq.experiment.recipe import METHODS, MULTI_EXIT_METHODS
 from acl_fairseq.experiment.results import (
     METRIC_RE,
@@ -22,7 +22,6 @@ from acl_fairseq.experiment.results import (
     lambda_groups,
     load_results,
     main_results,
-    summarize,
 )
 
 
@@ -37,19 +36,6 @@ def angle_summary(rows: Sequence[AngleRecord]) -> dict[str, float] | None:
         "pct_over_90": 100.0 * sum(a > 90.0 for a in angles) / len(angles),
         "pct_dropped": 100.0 * sum(not r.kept for r in rows) / len(rows),
     }
-
-
-def fmt(value: float | None, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.{digits}f}"
-
-
-def fmt_mean_std(values: Sequence[float], digits: int = 2) -> str:
-    mean, std, n = summarize(values)
-    if n == 0:
-        return "-"
-    return fmt(mean, digits) if n == 1 else f"{fmt(mean, digits)} ± {fmt(std, digits)}"
 
 
 @dataclass

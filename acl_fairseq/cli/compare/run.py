@@ -9,7 +9,6 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,12 +23,13 @@ from acl_fairseq.cli.compare.plan import (
     total_updates,
 )
 from acl_fairseq.cli.compare.report import angle_summary
-from acl_fairseq.experiment.fairseq_log import best_dev, json_records, test_metrics
+from acl_fairseq.experiment.fairseq_log import best_dev, json_records, progress_kind, test_metrics
 from acl_fairseq.experiment.paths import BIN, USER_DIR
 from acl_fairseq.experiment.predictions import PREDICTIONS_FILE, predict_split, write_predictions
 from acl_fairseq.experiment.recipe import criterion_flags, flag_groups, multi_exit_arch
 from acl_fairseq.experiment.recipe import train_command as fairseq_train_command
 from acl_fairseq.experiment.results import RESULT_FILE, write_result
+from acl_fairseq.experiment.streaming import stream_to_log
 from acl_fairseq.inference.loader import load_for_inference
 
 
@@ -196,30 +196,18 @@ class Progress:
 
 
 def stream(cmd: list[str], log_file: Path, on_record=None) -> int:
-    """Runs ``cmd`` with its output to ``log_file``; ``on_record(kind, record)`` per JSON
-    progress record. Returns the exit status."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    with open(log_file, "w", encoding="utf-8") as f:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                f.write(line)
-                f.flush()
-                if on_record is None:
-                    continue
-                for kind in ("train_inner", "valid"):
-                    if f"| {kind} |" in line:
-                        for record in json_records([line]):
-                            on_record(kind, record)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        return proc.wait()
+    """Runs ``cmd`` with its output to ``log_file``, on every core unless ``OMP_NUM_THREADS``
+    says otherwise; ``on_record(kind, record)`` per JSON progress record. Returns the exit
+    status."""
+
+    def on_line(line: str) -> None:
+        kind = progress_kind(line)
+        if kind is not None and on_record is not None:
+            for record in json_records([line]):
+                on_record(kind, record)
+
+    env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1), **os.environ}
+    return stream_to_log(cmd, log_file, on_line, env)
 
 
 def _tail(path: Path, n: int = 40) -> str:

@@ -31,7 +31,7 @@ from acl_fairseq.experiment.demo_assets import (
     polarity_rows,
     prepare_tsv,
 )
-from acl_fairseq.experiment.fairseq_log import test_metrics
+from acl_fairseq.experiment.fairseq_log import progress_kind, test_metrics
 from acl_fairseq.experiment.paths import BIN, USER_DIR
 from acl_fairseq.experiment.recipe import (
     criterion_flags,
@@ -39,6 +39,7 @@ from acl_fairseq.experiment.recipe import (
     multi_exit_arch,
     train_command,
 )
+from acl_fairseq.experiment.streaming import stream_to_log
 
 EXAMPLE_SENTENCES = [
     "a gripping, beautifully acted film that stays with you long after it ends .",
@@ -108,18 +109,13 @@ def prepare(raw: Path, model_dir: Path, work: Path) -> Path:
 
 def run_logged(cmd: list[str], log_file: Path) -> None:
     """Runs a fairseq command, printing its progress lines; full log in ``log_file``."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with open(log_file, "w") as f:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        for line in proc.stdout:
-            f.write(line)
-            f.flush()
-            if "| train_inner |" in line or "| valid |" in line or "Error" in line:
-                print("   " + line.split("| INFO | ")[-1].rstrip()[:200], flush=True)
-        if proc.wait() != 0:
-            raise SystemExit(f"failed: {' '.join(cmd)}\nsee {log_file}")
+
+    def show(line: str) -> None:
+        if progress_kind(line) or "Error" in line:
+            print("   " + line.split("| INFO | ")[-1].rstrip()[:200], flush=True)
+
+    if stream_to_log(cmd, log_file, show) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\nsee {log_file}")
 
 
 def train(

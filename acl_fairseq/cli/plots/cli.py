@@ -42,6 +42,7 @@ from acl_fairseq.cli.plots.figures import COLORS, Skipped, main_runs, plt, save_
 from acl_fairseq.cli.plots.tsne import plot_tsne
 from acl_fairseq.console.help_format import HelpFormatter
 from acl_fairseq.early_exit.table import read_sweep
+from acl_fairseq.experiment.mean_std import error_bar, summarize
 from acl_fairseq.experiment.recipe import MULTI_EXIT_METHODS
 from acl_fairseq.experiment.results import (
     SWEEP_METHODS,
@@ -50,7 +51,6 @@ from acl_fairseq.experiment.results import (
     lambda_groups,
     load_results,
     main_results,
-    summarize,
 )
 
 EARLY_EXIT_CSV = (  # the CSV behind early_exit.png
@@ -170,7 +170,7 @@ def plot_layer_scores(results_dir: Path, out_dir: Path):
             mean, std, n = summarize(values)
             xs.append(layer)
             means.append(mean)
-            stds.append(0.0 if math.isnan(std) else std)
+            stds.append(error_bar(std))
             rows.append([method, layer, n, mean, std])
         means_a, stds_a = np.array(means), np.array(stds)
         color = COLORS.get(method)
@@ -183,7 +183,7 @@ def plot_layer_scores(results_dir: Path, out_dir: Path):
             ax.errorbar(
                 [layers[-1] + offset],
                 [mean],
-                yerr=[0.0 if math.isnan(std) else std],
+                yerr=[error_bar(std)],
                 fmt="s",
                 color=COLORS.get(method) if method == "ce" else "tab:cyan",
                 capsize=3,
@@ -307,7 +307,7 @@ def plot_lambda(results_dir: Path, out_dir: Path):
             test = summarize([r["test"]["accuracy"] for r in runs])
             xs.append(lam)
             means.append(test[0])
-            stds.append(0.0 if math.isnan(test[1]) else test[1])
+            stds.append(error_bar(test[1]))
             rows.append(
                 [method, lam, test[2], dev[0], dev[1], test[0], test[1], int(lam == chosen)]
             )

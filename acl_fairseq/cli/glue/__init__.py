@@ -1,0 +1,5 @@
+"""``scripts/glue/train.sh``: one GLUE task, one method, fairseq's RoBERTa GLUE recipe."""
+
+from .cli import main
+
+__all__ = ["main"]
