@@ -24,7 +24,6 @@ __all__ = [
     "DataMismatch",
     "FolderCheck",
     "check_folder",
-    "checked_labels",
     "describe_folder",
     "dictionary_labels",
     "record_training_data",
@@ -205,14 +204,3 @@ def check_folder(
             "order is used"
         )
     return FolderCheck(list(ours), notes)
-
-
-def checked_labels(
-    task: Any, data: str | Path, checkpoint: str | Path, flag: str = "--data"
-) -> FolderCheck:
-    """:func:`check_folder` for a task that loaded ``checkpoint`` on ``data`` (its record,
-    merged by fairseq into the task's state, against ``data``)."""
-    regression = bool(getattr(task.cfg, "regression_target", False))
-    folder = describe_folder(data, None if regression else task.label_dictionary)
-    num_classes = getattr(task.cfg, "num_classes", None)
-    return check_folder(recorded(task), folder, checkpoint, flag, num_classes)
