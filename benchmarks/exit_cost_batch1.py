@@ -83,7 +83,8 @@ def checkpoint_model(checkpoint: str, data: str, split: str) -> tuple[Any, list[
     from acl_fairseq.data.splits import load_batches
     from acl_fairseq.inference.loader import load_for_inference
 
-    model, task, _ = load_for_inference(checkpoint, data, "cpu", multi_exit=True)
+    loaded = load_for_inference(checkpoint, data, "cpu", multi_exit=True)
+    model, task = loaded.model, loaded.task
     pad = task.source_dictionary.pad()
     rows = []
     for tokens, _ in load_batches(task, split, 64, 256):

@@ -202,9 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("fairseq").setLevel(logging.WARNING)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, task, _ = load_for_inference(
+    loaded = load_for_inference(
         args.checkpoint, args.data, "cpu", multi_exit=True, dtype=args.dtype
     )
+    model, task = loaded.model, loaded.task
     splits = {}
     for split in (args.dev, args.test):
         batches = load_batches(task, split, args.batch_size, args.max_examples)

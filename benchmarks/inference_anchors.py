@@ -367,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         target.check()
     except ValueError as e:
         p.error(str(e))
-    model, task, _ = load_for_inference(args.checkpoint, args.data, "cpu", multi_exit=True)
+    loaded = load_for_inference(args.checkpoint, args.data, "cpu", multi_exit=True)
+    model, task = loaded.model, loaded.task
     pad = task.source_dictionary.pad()
     anchor = HfAnchor(model, args.hf_attention)
     check = load_batches(task, args.test, 16, 16)[0][0]

@@ -367,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ---- part 2: early exit at batch 32
     print(f"## 2. Early exit (entropy policy), batch {args.batch}\n")
     if args.checkpoint:
-        model, task, _ = load_for_inference(args.checkpoint, args.data, device, multi_exit=True)
+        loaded = load_for_inference(args.checkpoint, args.data, device, multi_exit=True)
+        model, task = loaded.model, loaded.task
         batches = load_batches(task, args.split, args.batch, args.max_examples, device)
         logits, targets = collect_exits(model, batches, HEAD)
         chosen = entropy_within_accuracy(logits, targets, max_drop=1.0)

@@ -328,7 +328,8 @@ def test_sweep_on_trained_checkpoint(
     assert float(first["mean_exit_layer"]) == 1.0 and float(first["layer_speedup"]) == 4.0
 
     # the first exit's accuracy is the layer-score curve's layer 1
-    model, task, _ = load_for_inference(ckpt, sentiment_data, multi_exit=True)
+    loaded = load_for_inference(ckpt, sentiment_data, multi_exit=True)
+    model, task = loaded.model, loaded.task
     batches = load_batches(task, "valid", 8, 40)
     assert sum(t.numel() for _, t in batches) == 40
     scores = exit_accuracies(*collect_exits(model, batches, HEAD))
@@ -367,7 +368,8 @@ def test_sweep_per_exit_kind_at_two_precisions(sentiment_data: Path, tmp_path: P
         "int8",
     }
     assert all(r["wall_speedup"] == "" for r in rows)
-    model, task, _ = load_for_inference(ckpt, sentiment_data, multi_exit=True)
+    loaded = load_for_inference(ckpt, sentiment_data, multi_exit=True)
+    model, task = loaded.model, loaded.task
     exits, targets = collect_exits(model, load_batches(task, "valid", 1, 40), HEAD)
     fp32 = [r for r in rows if r["dtype"] == "fp32" and r["batch_size"] == "1"]
     assert fp32[0]["policy"] == "none" and {r["policy"] for r in fp32[1:]} == {"per_exit_entropy"}
@@ -425,6 +427,8 @@ def test_sweep_target_flag_errors(tmp_path: Path, capsys) -> None:
         (["--dtypes", "fp32,fp16"], "argument --dtypes: must be one of fp32, bf16, int8"),
         (["--dtypes", "int8,int8"], "argument --dtypes: expected distinct precisions"),
         (["--repeats", "-1"], "--repeats must be >= 0"),
+        (["--max-examples", "0"], "error: --max-examples must be >= 1 (the first N examples of "
+         "--split), got 0; leave it out to use the whole split\n"),
         (["--head-cost", "-1", "--max-accuracy-drop", "1"], "--head-cost must be >= 0"),
     ]:  # fmt: skip
         with pytest.raises(SystemExit) as e:

@@ -4,6 +4,7 @@ trained by ``fairseq-train``. The encoding itself is tested in test_text_encoder
 from __future__ import annotations
 
 import io
+import json
 import shutil
 from pathlib import Path
 
@@ -48,7 +49,8 @@ def _model_predictions(trained, policy: str | None, dtype=None, batch_size=8) ->
     """The model's own predictions on the binarized test split (label, layer)."""
     from acl_fairseq.early_exit.policies import parse_policy
 
-    model, task, _ = load_for_inference(trained["ckpt"], trained["data"], dtype=dtype)
+    loaded = load_for_inference(trained["ckpt"], trained["data"], dtype=dtype)
+    model, task = loaded.model, loaded.task
     labels = task.label_dictionary
     pad = task.source_dictionary.pad()
     out = []
@@ -188,7 +190,7 @@ def test_hub_encodes_raw_text_like_the_command(trained) -> None:
     hub = MultiExitRobertaModel.from_pretrained(
         str(ckpt.parent), ckpt.name, data_name_or_path=str(trained["data"])
     )
-    _, task, _ = load_for_inference(ckpt, trained["data"])
+    task = load_for_inference(ckpt, trained["data"]).task
     encoder = ExampleEncoder.from_task(task, trained["data"], 64)
     texts = [row[0] for row in trained["rows"][:6]]
     for text in texts:
@@ -327,3 +329,79 @@ def test_sweep_dtypes_saves_a_policy_per_precision_that_predict_and_hub_use(
     )
     assert fp32.dtype == "fp32" and not quantized_linears(fp32.model)
     assert fp32.default_policy == saved.by_dtype["fp32"]
+
+
+def test_a_saved_policy_runs_only_on_the_weights_it_was_chosen_on(trained, tmp_path, capsys):
+    """early_exit_policy.json belongs to a folder, its policy to the weights the sweep chose it
+    on: a copy of them runs it; checkpoint_last.pt next to it (other weights) runs full depth
+    with the reason, refuses --policy saved, and so does the hub; an older file without the
+    fingerprint is not used either."""
+    from acl_fairseq.cli import sweep
+    from acl_fairseq.inference.loader import read_checkpoint
+    from acl_fairseq.inference.saved_policy import (
+        FINGERPRINT,
+        POLICY_FILE,
+        model_fingerprint,
+        read_policy,
+    )
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    best, last = folder / "checkpoint_best.pt", folder / "checkpoint_last.pt"
+    shutil.copy(trained["ckpt"], best)
+    flags = [str(trained["data"]), "--thresholds", "quantiles:4", "--cpu", "--batch-sizes", "8",
+             "--max-examples", "24", "--repeats", "0", "--max-accuracy-drop", "100"]  # fmt: skip
+    assert sweep.main([str(best), *flags]) == 0
+    capsys.readouterr()
+    file, saved = folder / POLICY_FILE, read_policy(best)
+    state = read_checkpoint(best)
+    assert saved.fields[FINGERPRINT] == model_fingerprint(state["model"])
+    text = "".join(f"{row[0]}\n" for row in trained["rows"][:8])
+
+    # the same weights elsewhere, saved without the optimizer state: the policy runs
+    elsewhere = tmp_path / "copy" / "model.pt"
+    elsewhere.parent.mkdir()
+    state = torch.load(best, weights_only=False)
+    state.pop("last_optimizer_state", None)
+    torch.save(state, elsewhere)
+    shutil.copy(file, elsewhere.parent / POLICY_FILE)
+    code, out, err = run_predict(elsewhere, stdin=text)
+    assert code == 0 and f"policy: {saved.policy.spec} (saved in" in err
+    assert {line.split("\t")[2] for line in out.splitlines()} == {"1"}
+
+    # checkpoint_last.pt of the same run, other weights: full depth, with the reason
+    state["model"]["encoder.sentence_encoder.layers.0.fc1.bias"].add_(1e-3)
+    torch.save(state, last)
+    reason = (
+        f"{file} was chosen on other weights (checkpoint_best.pt as it was then) than {last}'s: "
+        f"rerun acl-fairseq-sweep {last} DATA --max-accuracy-drop D to choose one for it"
+    )
+    code, out, err = run_predict(last, stdin=text)
+    assert code == 0 and {line.split("\t")[2] for line in out.splitlines()} == {"4"}
+    assert f"acl-fairseq-predict: policy: full depth, not the saved policy: {reason}\n" in err
+    assert "saved in" not in err and "layer_speedup" not in err  # not the old file's numbers
+    assert run_predict(last, "--policy", "saved", stdin=text)[1:] == (
+        "",
+        f"acl-fairseq-predict: error: --policy saved: {reason}\n",
+    )
+    hub = MultiExitRobertaModel.from_pretrained(str(folder), last.name, str(trained["data"]))
+    assert hub.default_policy is None
+    hub = MultiExitRobertaModel.from_pretrained(str(folder), best.name, str(trained["data"]))
+    assert hub.default_policy == saved.policy
+
+    # sweeping checkpoint_last.pt replaces the file, and says whose it was
+    assert sweep.main([str(last), *flags]) == 0
+    assert f"replaced {file}, which was chosen on other weights (checkpoint_best.pt)" in (
+        capsys.readouterr().out
+    )
+    code, _, err = run_predict(best, stdin=text)
+    assert code == 0 and "was chosen on other weights (checkpoint_last.pt as it was then)" in err
+
+    # a file of an older sweep, without the fingerprint: not used, said in one line
+    record = json.loads(file.read_text())
+    del record[FINGERPRINT]
+    file.write_text(json.dumps(record))
+    code, out, err = run_predict(last, stdin=text)
+    assert code == 0 and {line.split("\t")[2] for line in out.splitlines()} == {"4"}
+    assert f"policy: full depth, not the saved policy: {file} does not record the model" in err

@@ -268,13 +268,49 @@ def test_hub_names_labels_and_refuses_other_folders(trained, tmp_path):
         with pytest.raises(ValueError, match="hub.encode: 2 text.* single-sentence model"):
             hub.encode("first", "second", **kwargs)
     other = relabelled(trained, tmp_path, "1 82\n0 78\n")
-    with pytest.raises(DataMismatch, match=f"data_name_or_path {other} lists the labels 1, 0"):
+    with pytest.raises(ValueError, match=f"data_name_or_path {other} lists the labels 1, 0"):
         MultiExitRobertaModel.from_pretrained(str(ckpt.parent), ckpt.name, str(other))
     three = tmp_path / "three-bin"
     shutil.copytree(trained["data"], three)
     (three / "label" / "dict.txt").write_text("pos 9\nneg 8\nmeh 1\n")
-    with pytest.raises(ValueError, match="the checkpoint classifies into 2 classes, but"):
+    with pytest.raises(ValueError, match=f"{three} lists the labels pos, neg, meh, but {ckpt} "):
         MultiExitRobertaModel.from_pretrained(str(ckpt.parent), ckpt.name, str(three))
+
+
+@pytest.mark.slow
+def test_hub_with_another_vocabulary_names_the_folder_not_a_training_flag(trained, tmp_path):
+    """A folder binarized with another dictionary: the hub names the folder the checkpoint
+    was trained on (with the record) or the folder given (without), never --restore-file."""
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+
+    ckpt = trained["ckpt"]
+    vocab = tmp_path / "vocab-bin"
+    shutil.copytree(trained["data"], vocab)
+    with open(vocab / "input0" / "dict.txt", "a") as f:
+        f.write("newword1 1\nnewword2 1\n")
+    with pytest.raises(ValueError) as info:
+        MultiExitRobertaModel.from_pretrained(str(ckpt.parent), ckpt.name, str(vocab))
+    assert str(info.value) == (
+        f"data_name_or_path {vocab} has another input dictionary (input0/dict.txt) than the "
+        f"one {ckpt} was trained with (on {trained['data']}): new text would be encoded into "
+        "other ids. Give the prepared folder it was trained on, or one prepared with the same "
+        "tokenizer and --srcdict"
+    )
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    del state["task_state"][KEY]
+    old = tmp_path / "old" / "checkpoint.pt"
+    old.parent.mkdir()
+    torch.save(state, old)
+    with pytest.raises(ValueError) as info:
+        MultiExitRobertaModel.from_pretrained(str(old.parent), old.name, str(vocab))
+    message = str(info.value)
+    assert message.startswith(
+        f"cannot use {old} with data_name_or_path {vocab}: its vocabulary has "
+    ) and message.endswith(
+        "That folder was binarized with another dictionary than the checkpoint's: give the "
+        "prepared folder it was trained on"
+    )
+    assert "--restore-file" not in message
 
 
 def test_fairseq_train_on_a_raw_glue_folder_names_the_preparation(tmp_path):

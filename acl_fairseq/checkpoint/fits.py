@@ -2,13 +2,34 @@
 flag before torch's shape mismatch. Used by ``--task acl_sentence_prediction`` when it loads a
 state dict (``--restore-file``, ``--finetune-from-model``, ``--path``)."""
 
+import contextlib
+import contextvars
 import re
 
 import torch
 
-__all__ = ["CheckpointMismatch", "check_checkpoint_fits", "load_state_dict_checked"]
+__all__ = ["CheckpointMismatch", "check_checkpoint_fits", "load_state_dict_checked", "loading_as"]
 
 _CHECKPOINT = "cannot load the checkpoint (--restore-file, --finetune-from-model or --path)"
+_VOCAB_FIX = (
+    "The data was binarized with another dictionary than the checkpoint's: binarize it again "
+    "with fairseq-preprocess --srcdict <the checkpoint's dict.txt>"
+)
+# (what is loaded, the fix of another vocabulary): training's flags unless loading_as says
+_LOADING = contextvars.ContextVar("acl_fairseq_fits_loading", default=(_CHECKPOINT, _VOCAB_FIX))
+
+
+@contextlib.contextmanager
+def loading_as(what: str, vocabulary_fix: str):
+    """Within the block, a checkpoint that does not fit is named as ``what`` (e.g. ``cannot
+    use CKPT with --data DATA``), and another vocabulary's fix is ``vocabulary_fix``."""
+    token = _LOADING.set((what, vocabulary_fix))
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
+
+
 _EMBED = "encoder.sentence_encoder.embed_tokens.weight"
 _LAYER = re.compile(r"encoder\.sentence_encoder\.layers\.(\d+)\.")
 
@@ -46,24 +67,23 @@ def check_checkpoint_fits(state_dict, model_state, data: str, strict: bool = Tru
                 out[k] = v
         return out
 
+    what, vocabulary_fix = _LOADING.get()
     ckpt, own = body(state_dict), body(model_state)
     if _EMBED in ckpt and _EMBED in own and ckpt[_EMBED].shape != own[_EMBED].shape:
         (cv, cd), (mv, md) = ckpt[_EMBED].shape, own[_EMBED].shape
         if cd != md:
             raise CheckpointMismatch(
-                f"{_CHECKPOINT}: its embeddings have {cd} dimensions, this model's {md} "
+                f"{what}: its embeddings have {cd} dimensions, this model's {md} "
                 "(--encoder-embed-dim / --arch must match the checkpoint's)"
             )
         raise CheckpointMismatch(
-            f"{_CHECKPOINT}: its vocabulary has {cv} entries, this model's {mv} (from "
-            f"{data}/input0/dict.txt). The data was binarized with another dictionary than the "
-            "checkpoint's: binarize it again with fairseq-preprocess --srcdict <the "
-            "checkpoint's dict.txt>"
+            f"{what}: its vocabulary has {cv} entries, this model's {mv} (from "
+            f"{data}/input0/dict.txt). {vocabulary_fix}"
         )
     layers_ckpt, layers_own = _num_layers(ckpt), _num_layers(own)
     if strict and layers_ckpt and layers_own and layers_ckpt != layers_own:
         raise CheckpointMismatch(
-            f"{_CHECKPOINT}: it has {layers_ckpt} encoder layers, this model {layers_own} "
+            f"{what}: it has {layers_ckpt} encoder layers, this model {layers_own} "
             "(--encoder-layers / --arch must match the checkpoint's)"
         )
     for k, v in own.items():
@@ -73,6 +93,6 @@ def check_checkpoint_fits(state_dict, model_state, data: str, strict: bool = Tru
                 # learned positions: max_positions + padding_idx + 1 rows
                 hint = f"--max-positions: {ckpt[k].shape[0] - 2} in the checkpoint"
             raise CheckpointMismatch(
-                f"{_CHECKPOINT}: {k} is {tuple(ckpt[k].shape)} in the checkpoint but "
+                f"{what}: {k} is {tuple(ckpt[k].shape)} in the checkpoint but "
                 f"{tuple(v.shape)} in this model ({hint})"
             )

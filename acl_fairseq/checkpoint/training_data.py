@@ -24,7 +24,6 @@ __all__ = [
     "DataMismatch",
     "FolderCheck",
     "check_folder",
-    "checked_labels",
     "describe_folder",
     "dictionary_labels",
     "record_training_data",
@@ -62,15 +61,18 @@ def _symbols_hash(dict_file: Path) -> str | None:
     return _sha256("\n".join(symbols).encode("utf-8"))
 
 
-def _tokenizer_hash(data: Path) -> tuple[str | None, str | None]:
-    """(task name, tokenizer fingerprint) of ``prepare_glue.json``: the tokenizer's kind, its
-    lowercasing and its files' contents; (None, None) without that file."""
-    path = data / _META
-    if not path.is_file():
-        return None, None
-    from acl_fairseq.data.prepared import read_meta
+def _tokenizer_hash(
+    data: Path, meta: dict[str, Any] | None = None
+) -> tuple[str | None, str | None]:
+    """(task name, tokenizer fingerprint) of ``prepare_glue.json`` (``meta``: that file, read
+    by the caller): the tokenizer's kind, its lowercasing and its files' contents; (None, None)
+    without that file."""
+    if meta is None:
+        if not (data / _META).is_file():
+            return None, None
+        from acl_fairseq.data.prepared import read_meta
 
-    meta = read_meta(data)
+        meta = read_meta(data)
     config = dict(meta.get("tokenizer") or {})
     digest = hashlib.sha256(json.dumps([config.get("kind"), config.get("lowercase")]).encode())
     for field in _TOKENIZER_FILES:
@@ -80,16 +82,18 @@ def _tokenizer_hash(data: Path) -> tuple[str | None, str | None]:
     return meta.get("task"), digest.hexdigest()[:16]
 
 
-def describe_folder(data: str | Path, label_dictionary: Any = None) -> dict[str, Any]:
+def describe_folder(
+    data: str | Path, label_dictionary: Any = None, meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """What :func:`check_folder` compares, for the prepared folder ``data``; the labels come
     from ``label_dictionary`` (default: ``DATA/label/dict.txt``; ``None`` without one, as for
-    regression)."""
+    regression); ``meta``: its ``prepare_glue.json`` when the caller has read it."""
     data = Path(data)
     if label_dictionary is None and (data / "label" / "dict.txt").is_file():
         from fairseq.data import Dictionary
 
         label_dictionary = Dictionary.load(str(data / "label" / "dict.txt"))
-    task, tokenizer = _tokenizer_hash(data)
+    task, tokenizer = _tokenizer_hash(data, meta)
     return {
         "data": str(data.resolve()),
         "task": task,
@@ -200,14 +204,3 @@ def check_folder(
             "order is used"
         )
     return FolderCheck(list(ours), notes)
-
-
-def checked_labels(
-    task: Any, data: str | Path, checkpoint: str | Path, flag: str = "--data"
-) -> FolderCheck:
-    """:func:`check_folder` for a task that loaded ``checkpoint`` on ``data`` (its record,
-    merged by fairseq into the task's state, against ``data``)."""
-    regression = bool(getattr(task.cfg, "regression_target", False))
-    folder = describe_folder(data, None if regression else task.label_dictionary)
-    num_classes = getattr(task.cfg, "num_classes", None)
-    return check_folder(recorded(task), folder, checkpoint, flag, num_classes)

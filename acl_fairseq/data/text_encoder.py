@@ -22,7 +22,14 @@ import torch
 from torch import Tensor
 
 from .prepared import meta_tokenizer
-from .tokenizers import Gpt2Tokenizer, SentencePieceTokenizer, Tokenizer, text_tokens
+from .tokenizers import (
+    Gpt2Tokenizer,
+    SentencePieceTokenizer,
+    Tokenizer,
+    TokenizerConfig,
+    build_tokenizer,
+    text_tokens,
+)
 
 __all__ = ["EncodeError", "ExampleEncoder", "TextEncoder"]
 
@@ -41,6 +48,11 @@ class TextEncoder:
     def from_data(cls, data_dir: str | Path) -> TextEncoder:
         """The tokenizer a prepared folder's text was encoded with (``DataError`` without one)."""
         return cls(meta_tokenizer(data_dir))
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> TextEncoder:
+        """The tokenizer of a ``prepare_glue.json`` already read (``prepared.read_meta``)."""
+        return cls(build_tokenizer(TokenizerConfig(**meta["tokenizer"])))
 
     def tokens(self, text: str) -> list[str]:
         """The tokens of ``text`` as they go into the text file (no whitespace inside one)."""

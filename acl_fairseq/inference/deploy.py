@@ -14,7 +14,8 @@
   layer-count speed-up is at least S (``thresholds.choose_row``).
 
 ``choose`` returns the policy and how it was chosen; ``save`` writes every precision's choice
-to ``early_exit_policy.json`` (``saved_policy``), the first precision as the default.
+to ``early_exit_policy.json`` (``saved_policy``), the first precision as the default, tied to
+the checkpoint's weights.
 """
 
 from __future__ import annotations
@@ -182,11 +183,12 @@ def save(
     checkpoint: str | Path,
     entries: dict[str, dict[str, Any]],
     target: DeployTarget,
+    fingerprint: str,
     **chosen_by: Any,
 ) -> Path:
     """Write ``entries`` (``{dtype: entry(...)}``, the first the default) next to
-    ``checkpoint``, with how they were chosen (``target`` and ``chosen_by``: split, examples,
-    batch size)."""
+    ``checkpoint`` (whose weights have ``model_fingerprint`` ``fingerprint``), with how they
+    were chosen (``target`` and ``chosen_by``: split, examples, batch size)."""
     dtype, first = next(iter(entries.items()))
     fields = {k: v for k, v in first.items() if k != "policy"}
     return write_policy(
@@ -196,4 +198,5 @@ def save(
         chosen_by={**target.describe(), **chosen_by},
         **fields,
         by_dtype=entries,
+        fingerprint=fingerprint,
     )

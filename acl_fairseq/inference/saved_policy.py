@@ -8,9 +8,16 @@ read by ``acl-fairseq-predict`` (``--policy saved``, the default) and by the hub
      "chosen_by": {"target": {"max_accuracy_drop": 1.0}, "constraint": "agreement",
                    "method": "calibrated", "head_cost": 0.03, "split": "valid",
                    "examples": 872, "batch_size": 1},
-     "checkpoint": "checkpoint_best.pt", "accuracy": 91.2, "full_accuracy": 91.9, ...,
+     "checkpoint": "checkpoint_best.pt", "model_sha256": "5f0c...",
+     "accuracy": 91.2, "full_accuracy": 91.9, ...,
      "by_dtype": {"int8": {"policy": "...", "accuracy": 91.2, ...},
                   "fp32": {"policy": "...", ...}}}
+
+The file belongs to the folder, the policy to one model: ``model_sha256`` (``model_fingerprint``)
+names the weights it was chosen on, so that ``checkpoint_last.pt``, a checkpoint retrained after
+the sweep or another model's copied next to it does not run it (``SavedPolicy.mismatch``: why
+not, in one line). A copy of the same checkpoint, or one saved without its optimizer state,
+keeps its fingerprint.
 
 ``policy`` and ``dtype`` are what ``predict`` runs by default (its ``--dtype`` defaults to this
 ``dtype``, fp32 for a file without one); ``by_dtype`` holds the policy chosen at each precision
@@ -23,17 +30,48 @@ No fairseq import: this is the one reader and writer of that file.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..early_exit.policies import ExitPolicy, parse_policy
 from .precision import check_precision
 
-__all__ = ["POLICY_FILE", "SavedPolicy", "policy_path", "read_policy", "write_policy"]
+__all__ = [
+    "FINGERPRINT",
+    "POLICY_FILE",
+    "SavedPolicy",
+    "model_fingerprint",
+    "policy_path",
+    "read_policy",
+    "write_policy",
+]
 
 POLICY_FILE = "early_exit_policy.json"
+FINGERPRINT = "model_sha256"
+SWEEP = "acl-fairseq-sweep CHECKPOINT DATA --max-accuracy-drop D"
+
+
+def model_fingerprint(state_dict: Mapping[str, Any]) -> str:
+    """sha256 of a checkpoint's model weights (its ``state["model"]`` as read): every entry's
+    name, dtype, shape and bytes, by name. The same for a copy of the file and for the
+    checkpoint saved without its optimizer state; another for any other weights."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        value = state_dict[name]
+        digest.update(name.encode("utf-8") + b"\0")
+        if not torch.is_tensor(value):
+            digest.update(repr(value).encode("utf-8") + b"\0")
+            continue
+        tensor = value.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{tensor.dtype}{tuple(value.shape)}".encode() + b"\0")
+        digest.update(tensor.view(torch.uint8).numpy().data)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -73,6 +111,24 @@ class SavedPolicy:
             f"acl-fairseq-sweep --dtypes {check_precision(dtype)} chooses one"
         )
 
+    def mismatch(self, fingerprint: str, checkpoint: str | Path) -> str:
+        """Why this file's policy is not for ``checkpoint`` (whose weights have
+        ``model_fingerprint`` ``fingerprint``), in one line; empty when it was chosen on it."""
+        recorded = self.fields.get(FINGERPRINT)
+        if recorded == fingerprint:
+            return ""
+        fix = f"rerun {SWEEP.replace('CHECKPOINT', str(checkpoint))} to choose one for it"
+        if not recorded:
+            return (
+                f"{self.path} does not record the model it was chosen on (written by an older "
+                f"acl-fairseq-sweep), so it may not be {checkpoint}'s: {fix}"
+            )
+        chosen_on = self.fields.get("checkpoint", "another checkpoint")
+        return (
+            f"{self.path} was chosen on other weights ({chosen_on} as it was then) than "
+            f"{checkpoint}'s: {fix}"
+        )
+
 
 def policy_path(checkpoint: str | Path) -> Path:
     """Where the policy of ``checkpoint`` (a file, or its folder) lives."""
@@ -86,10 +142,12 @@ def write_policy(
     policy: ExitPolicy,
     dtype: str | None = None,
     by_dtype: dict[str, dict[str, Any]] | None = None,
+    fingerprint: str | None = None,
     **fields: Any,
 ) -> Path:
     """Write ``policy`` (as its ``spec``), its ``dtype`` and ``fields`` next to
-    ``checkpoint``; ``by_dtype``: ``{dtype: {"policy": ExitPolicy, **its fields}}``.
+    ``checkpoint``; ``by_dtype``: ``{dtype: {"policy": ExitPolicy, **its fields}}``;
+    ``fingerprint``: the ``model_fingerprint`` of the checkpoint it was chosen on.
 
     Returns the path written.
     """
@@ -100,6 +158,8 @@ def write_policy(
     record.update(fields)
     if Path(checkpoint).is_file():
         record.setdefault("checkpoint", Path(checkpoint).name)
+    if fingerprint is not None:
+        record[FINGERPRINT] = fingerprint
     if by_dtype:
         record["by_dtype"] = {
             check_precision(d): {**entry, "policy": entry["policy"].spec}

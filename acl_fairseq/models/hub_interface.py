@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from fairseq import utils
@@ -10,9 +13,13 @@ from torch import Tensor
 
 from ..data.text_encoder import ExampleEncoder
 from ..early_exit.policies import EntropyPolicy, ExitPolicy, as_policy
+from ..inference.loader import CheckpointError, check_device
+from ..inference.precision import model_precision
 from .types import EarlyExitResult
 
-__all__ = ["MultiExitRobertaHubInterface"]
+__all__ = ["MultiExitRobertaHubInterface", "hub_data_folder", "model_folder_bpe_files"]
+
+FULL_DEPTH = "none"  # the policy name of full depth, as acl-fairseq-predict --policy none
 
 
 class MultiExitRobertaHubInterface(RobertaHubInterface):
@@ -22,19 +29,45 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
     plain RoBERTa on the final exit. Added: ``predict_early_exit`` and ``exit_logits``, both run
     in eval mode without gradients. ``default_policy`` (an ``ExitPolicy`` or a ``parse_policy``
     string; ``None`` = full depth) is what ``predict_early_exit`` uses without a policy;
-    ``from_pretrained`` sets it from the checkpoint's ``early_exit_policy.json`` when there is
-    one (the policy chosen at the hub's ``dtype``). ``label_names`` (set by ``from_pretrained``)
-    names the classes in the model's order: the label list the checkpoint recorded at training,
-    else its data folder's; it names the predictions of ``predict_early_exit``
-    (``result.labels``). ``num_inputs`` is 2 for a sentence-pair model.
+    ``from_pretrained`` sets it from the checkpoint's ``early_exit_policy.json`` when that was
+    chosen on the checkpoint's weights (the policy chosen at the hub's ``dtype``, which is
+    read-only). ``label_names`` (set by ``from_pretrained``) names the classes in the model's
+    order: the label list the checkpoint recorded at training, else its data folder's; it names
+    the predictions of ``predict_early_exit`` (``result.labels``). ``num_inputs`` is 2 for a
+    sentence-pair model. An int8 hub stays on the CPU (``hub.cuda()`` is refused).
     """
 
     default_policy: ExitPolicy | str | None = None
     example_encoder: ExampleEncoder | None = None
     label_names: list[str] | None = None
     num_inputs: int | None = None
-    dtype: str = "fp32"
-    """The precision the model runs at (``from_pretrained(..., dtype=...)``)."""
+
+    @property
+    def dtype(self) -> str:
+        """The precision the model runs at (``from_pretrained(..., dtype=...)``); read-only."""
+        return model_precision(self.model)
+
+    @dtype.setter
+    def dtype(self, value: str) -> None:
+        raise AttributeError(
+            f"hub.dtype is read-only: the model runs at {self.dtype}; to run at {value}, load "
+            f"it again with from_pretrained(..., dtype={value!r})"
+        )
+
+    def cuda(self, device: Any = None) -> MultiExitRobertaHubInterface:
+        self._check_device(torch.device("cuda"))
+        return super().cuda(device)
+
+    def to(self, *args: Any, **kwargs: Any) -> MultiExitRobertaHubInterface:
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if device is not None:
+            self._check_device(device)
+        return super().to(*args, **kwargs)
+
+    def _check_device(self, device: torch.device) -> None:
+        """An int8 hub stays on the CPU (``CheckpointError``, a ``ValueError``)."""
+        fix = "keep it on the CPU, or load it with from_pretrained(..., dtype='bf16')"
+        check_device(self.dtype, device, f"hub.dtype {self.dtype}", fix)
 
     def encode(self, sentence: str, *addl_sentences: str, no_separator: bool = False) -> Tensor:
         """Raw text -> 1D token ids. With the tokenizer a prepared folder recorded
@@ -78,7 +111,8 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
             head: classification head name (e.g. ``"sentence_classification_head"``).
             tokens: T or B x T fairseq ids (right-padded with the dictionary's pad).
             policy: an ``ExitPolicy`` or a string for ``parse_policy`` (``"entropy:0.3"``);
-                ``None``: ``self.default_policy``, or full depth when that is ``None`` too.
+                ``"none"``: full depth; ``None``: ``self.default_policy``, or full depth when
+                that is ``None`` too.
         Returns:
             ``EarlyExitResult(predictions B, exit_layers B, logits B x K, labels)``, ``labels``
             the predictions' names when ``label_names`` is set.
@@ -86,14 +120,15 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
             ValueError: a policy given for a model without shallow exits (``--exit-layers
                 none``, as stage 1 is): it could only run full depth.
         """
-        if policy is not None and not self.model.shallow_exit_layers:
+        if not (policy is None or _full_depth(policy) or self.model.shallow_exit_layers):
             raise ValueError(
                 f"predict_early_exit: policy {policy!r} given, but the model has no shallow "
                 "exit (trained with --exit-layers none, as stage 1 is): only full depth is "
-                "possible; pass no policy, or load a stage-2 checkpoint"
+                "possible; pass no policy (or 'none'), or load a stage-2 checkpoint"
             )
-        if policy is None:
-            policy = self.default_policy or EntropyPolicy(0.0)  # entropy 0: full depth
+        policy = self.default_policy if policy is None else policy
+        if policy is None or _full_depth(policy):
+            policy = EntropyPolicy(0.0)  # entropy 0: never leaves before the last layer
         tokens = self._batch(tokens)
         with utils.model_eval(self.model), torch.no_grad():
             result = self.model.early_exit(tokens, as_policy(policy), classification_head_name=head)
@@ -107,3 +142,44 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
         with utils.model_eval(self.model), torch.no_grad():
             outputs = self.model.exit_outputs(tokens, classification_head_name=head)
         return {out.layer: out.logits for out in outputs}
+
+
+def _full_depth(policy: ExitPolicy | str) -> bool:
+    return isinstance(policy, str) and policy.strip().lower() == FULL_DEPTH
+
+
+def hub_data_folder(data_name_or_path: str, model_folder: Path) -> str | None:
+    """``from_pretrained``'s data folder: an absolute path as given; a relative one from the
+    current directory, else from ``model_folder`` (fairseq's convention: ``"."`` is the model's
+    folder when it holds the dictionaries), the first that is a prepared folder; the default
+    ``"."`` with neither: None (the folder the checkpoint was trained on)."""
+    path = Path(data_name_or_path).expanduser()
+    if path.is_absolute():
+        return str(path)  # the loader names it if it is no prepared folder
+    tried = [Path.cwd() / path, model_folder / path]
+    for candidate in tried:
+        if (candidate / "input0" / "dict.txt").is_file():
+            return str(candidate)
+    if str(path) == ".":
+        return None
+    for candidate in tried:
+        if candidate.is_dir():
+            return str(candidate)  # the loader says what it holds
+    raise CheckpointError(
+        f"data_name_or_path {data_name_or_path}: no such folder in the current directory "
+        f"({tried[0]}) or in the model's folder ({tried[1]}): give the prepared data folder, "
+        "absolute or relative to the current directory"
+    )
+
+
+def model_folder_bpe_files(folder: Path) -> dict[str, str]:
+    """fairseq's ``hub_utils`` convenience: BPE files in the model's folder (a released
+    model's archive) as config overrides."""
+    files = {
+        "code": "bpe_codes",
+        "bpecodes": "bpe_codes",
+        "sentencepiece.bpe.model": "sentencepiece_model",
+        "merges.txt": "bpe_merges",
+        "vocab.json": "bpe_vocab",
+    }
+    return {arg: str(folder / name) for name, arg in files.items() if (folder / name).is_file()}

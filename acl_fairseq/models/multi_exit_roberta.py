@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,15 +33,15 @@ from fairseq.models.roberta.model import (
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from ..checkpoint.training_data import checked_labels
-from ..data.prepared import META_FILE
-from ..data.text_encoder import ExampleEncoder, TextEncoder
 from ..early_exit.policies import ExitPolicy, as_policy
-from ..inference.precision import prepare_for_inference
-from ..inference.saved_policy import POLICY_FILE, read_policy
+from ..inference.loader import CheckpointError, load_for_inference
 from .early_exit_loop import run_early_exit
 from .heads import DEFAULT_HEAD, POOLING_CHOICES, MultiExitClassificationHead, exit_head_name
-from .hub_interface import MultiExitRobertaHubInterface
+from .hub_interface import (
+    MultiExitRobertaHubInterface,
+    hub_data_folder,
+    model_folder_bpe_files,
+)
 from .types import EarlyExitResult, ExitOutput
 
 logger = logging.getLogger(__name__)
@@ -158,66 +159,71 @@ class MultiExitRobertaModel(RobertaModel):
     ) -> MultiExitRobertaHubInterface:
         """Load a multi-exit checkpoint (trained with a ``multi_exit_roberta*`` arch).
 
-        ``bpe="recorded"`` (the default): a data folder written by ``acl-fairseq-prepare``
-        (``prepare_glue.json``) gives its tokenizer, so ``hub.encode(text)`` (``text_a,
-        text_b`` for pairs) encodes as the training data (``acl_fairseq.data.text_encoder``);
-        other folders get fairseq's ``gpt2``. Any other value goes to fairseq. The folder is
-        checked against the data the checkpoint recorded at training (labels, pairs, text
-        encoding: ``acl_fairseq.checkpoint.training_data``, a ``ValueError`` naming both);
-        ``hub.label_names`` names the classes. An
-        ``early_exit_policy.json`` next to the checkpoint (``acl-fairseq-sweep
-        --max-accuracy-drop D``) becomes the hub's ``default_policy``. ``dtype`` (``fp32``,
-        ``bf16``, ``int8``; default: that file's, else fp32) is the precision the model runs
-        at (``inference_precision``; ``hub.dtype``), and the saved policy is the one chosen at
-        it.
+        ``data_name_or_path``: the prepared data folder; a relative path is taken from the
+        current directory, else from ``model_name_or_path`` (fairseq's convention); the
+        default ``"."`` without a prepared folder there is the folder the checkpoint was
+        trained on. ``bpe="recorded"`` (the default): a data folder written by
+        ``acl-fairseq-prepare`` (``prepare_glue.json``) gives its tokenizer, so
+        ``hub.encode(text)`` (``text_a, text_b`` for pairs) encodes as the training data
+        (``acl_fairseq.data.text_encoder``); other folders get fairseq's ``gpt2``. Any other
+        value goes to fairseq, as do ``kwargs`` (config overrides). The folder is checked
+        against the data the checkpoint recorded at training (labels, pairs, text encoding:
+        ``acl_fairseq.checkpoint.training_data``, a ``ValueError`` naming both);
+        ``hub.label_names`` names the classes. An ``early_exit_policy.json`` next to the
+        checkpoint (``acl-fairseq-sweep --max-accuracy-drop D``) becomes the hub's
+        ``default_policy`` when it was chosen on this checkpoint's weights (else full depth,
+        with a warning saying why). ``dtype`` (``fp32``, ``bf16``, ``int8``; default: that
+        file's, else fp32) is the precision the model runs at (``inference.precision``;
+        ``hub.dtype``, read-only), and the saved policy is the one chosen at it. Loading goes
+        through ``acl_fairseq.inference.loader.load_for_inference``, as the commands do.
         """
-        import os
-
-        from fairseq import hub_utils, utils
-
-        text = None
-        data = data_name_or_path
-        if data.startswith("."):  # as hub_utils resolves it
-            data = os.path.join(model_name_or_path, data)
-        if bpe == "recorded":
-            if os.path.isfile(os.path.join(data, META_FILE)):
-                text = TextEncoder.from_data(data)
-            bpe = None if text is not None else "gpt2"
-        x = hub_utils.from_pretrained(
-            model_name_or_path,
-            checkpoint_file,
-            data_name_or_path,
-            archive_map=cls.hub_models(),
-            bpe=bpe,
-            load_checkpoint_heads=True,
-            **kwargs,
+        folder = Path(model_name_or_path)
+        if not folder.is_dir():
+            raise CheckpointError(
+                f"model_name_or_path {model_name_or_path}: no such folder (the folder that "
+                f"holds {checkpoint_file})"
+            )
+        overrides = {"load_checkpoint_heads": True, **model_folder_bpe_files(folder), **kwargs}
+        loaded = load_for_inference(
+            folder / checkpoint_file,
+            hub_data_folder(data_name_or_path, folder),
+            "cpu",
+            dtype=dtype,
+            label_order=False,
+            saved_policy=True,
+            text="optional" if bpe == "recorded" else None,
+            arg_overrides=overrides,
+            data_flag="data_name_or_path",
+            dtype_flag="dtype",
         )
-        model, task = x["models"][0], x["task"]
+        model = loaded.model
         if not isinstance(model, MultiExitRobertaModel):
             raise TypeError(
-                f"{model_name_or_path}/{checkpoint_file} holds a {type(model).__name__}, not a "
-                "multi_exit_roberta model"
+                f"{loaded.checkpoint} holds a {type(model).__name__}, not a multi_exit_roberta "
+                "model"
             )
-        hub = MultiExitRobertaHubInterface(x["args"], task, model)
-        checkpoint = os.path.join(model_name_or_path, checkpoint_file)
-        found = checked_labels(task, data, checkpoint, "data_name_or_path")  # DataMismatch
-        for note in found.notes:
+        if bpe == "recorded":
+            bpe = None if loaded.text is not None else "gpt2"
+        from fairseq.dataclass.utils import overwrite_args_by_name
+
+        overwrite_args_by_name(loaded.cfg, {**overrides, "bpe": bpe})
+        hub = MultiExitRobertaHubInterface(loaded.cfg, loaded.task, model)
+        for note in loaded.notes:
             logger.warning(note)
-        hub.label_names = found.labels
-        hub.num_inputs = 2 if os.path.isdir(os.path.join(data, "input1")) else 1
-        if text is not None:
-            hub.bpe = text
-            max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
-            hub.example_encoder = ExampleEncoder.from_task(task, data, max_positions, text)
-        saved = read_policy(os.path.join(model_name_or_path, checkpoint_file))
-        hub.dtype = dtype or (saved.dtype if saved is not None else "fp32")
-        prepare_for_inference(model, hub.dtype)
-        if saved is not None:  # chosen by acl-fairseq-sweep --max-accuracy-drop/--target-speedup
-            hub.default_policy, note = saved.policy_at(hub.dtype)
+        hub.label_names = loaded.labels
+        hub.num_inputs = loaded.num_inputs
+        if loaded.text is not None:
+            hub.bpe = loaded.text
+            hub.example_encoder = loaded.examples
+        if loaded.saved is not None:  # chosen by acl-fairseq-sweep on these weights
+            hub.default_policy, note = loaded.saved.policy_at(loaded.dtype)
             logger.info(
-                f"early exit: default policy {hub.default_policy.spec} at {hub.dtype} (from "
-                f"{POLICY_FILE}{note and ': ' + note})"
+                f"early exit: default policy {hub.default_policy.spec} at {loaded.dtype} (from "
+                f"{loaded.saved.path}{note and ': ' + note})"
             )
+        elif loaded.saved_note:
+            logger.warning(f"early exit: full depth by default, not the saved policy: "
+                           f"{loaded.saved_note}")  # fmt: skip
         return hub
 
     # ------------------------------------------------------------------ heads

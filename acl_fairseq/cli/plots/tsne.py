@@ -24,7 +24,8 @@ def pooled_features(checkpoint: Path, data: Path, split: str = "test", batch_siz
 
     logging.getLogger("fairseq").setLevel(logging.WARNING)
 
-    model, task, _ = load_for_inference(checkpoint, data)
+    loaded = load_for_inference(checkpoint, data)
+    model, task = loaded.model, loaded.task
     head_name = getattr(task.cfg, "classification_head_name", None) or DEFAULT_HEAD
     head = model.classification_heads[head_name]
     task.load_dataset(split)

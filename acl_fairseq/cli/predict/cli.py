@@ -22,13 +22,13 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 from torch import Tensor
 
-from acl_fairseq.checkpoint.training_data import DataMismatch, checked_labels
 from acl_fairseq.cli.predict.inputs import (
     PredictError,
     encode_rows,
@@ -36,18 +36,10 @@ from acl_fairseq.cli.predict.inputs import (
     read_input,
     read_rows,
 )
-from acl_fairseq.data.prepared import read_meta
-from acl_fairseq.data.task_specs import DataError
-from acl_fairseq.data.text_encoder import ExampleEncoder
 from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
-from acl_fairseq.inference.loader import CheckpointError, load_for_inference
+from acl_fairseq.inference.loader import CheckpointError, Loaded, load_for_inference
 from acl_fairseq.inference.precision import PRECISIONS
-from acl_fairseq.inference.saved_policy import (
-    POLICY_FILE,
-    SavedPolicy,
-    policy_path,
-    read_policy,
-)
+from acl_fairseq.inference.saved_policy import POLICY_FILE, policy_path
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 PROG = "acl-fairseq-predict"
@@ -108,7 +100,7 @@ def run_batches(
 ) -> list[tuple[int, float, int, float]]:
     """``(class index, probability, exit layer, first logit)`` per example, in the order of
     ``examples`` (the first logit is a regression model's output); batches are formed by
-    length (less padding) and the order restored."""
+    length (less padding) and the order restored. One copy to the host per batch."""
     from fairseq.data import data_utils
 
     order = sorted(range(len(examples)), key=lambda i: examples[i].numel())
@@ -120,94 +112,106 @@ def run_batches(
             tokens = data_utils.collate_tokens([examples[i] for i in ids], pad).to(device)
             if policy is None:
                 logits = model(tokens, classification_head_name=head)[0]
-                layers = torch.full((len(ids),), depth, dtype=torch.long)
+                layers = torch.full((len(ids),), depth, device=logits.device)
             else:
                 result = model.early_exit(tokens, policy, classification_head_name=head)
                 logits, layers = result.logits, result.exit_layers
-            probs = torch.softmax(logits.float(), dim=-1)
-            best, preds = probs.max(dim=-1)
-            for k, i in enumerate(ids):
-                results[i] = (int(preds[k]), float(best[k]), int(layers[k]), float(logits[k, 0]))
+            logits = logits.float()
+            best, preds = torch.softmax(logits, dim=-1).max(dim=-1)
+            columns = torch.stack([preds.double(), best.double(), layers.double(),
+                                   logits[:, 0].double()], dim=1)  # fmt: skip
+            for i, (pred, prob, layer, value) in zip(ids, columns.tolist()):
+                results[i] = (int(pred), prob, int(layer), value)
     return results
 
 
-def choose_policy(
-    spec: str | None, checkpoint: str, dtype: str | None = None
-) -> tuple[ExitPolicy | None, str, str]:
-    """``(policy or None for full depth, a line saying which, precision)`` for ``--policy
-    spec`` and ``--dtype dtype``.
+FULL_DEPTH = "full depth"
 
-    ``None`` (the default): the saved policy when ``early_exit_policy.json`` is next to the
-    checkpoint (the one chosen at ``dtype``), else full depth; ``saved``: that file (an error
-    without it); ``none``: full depth; anything else: ``parse_policy``. The precision:
-    ``dtype``, else the saved file's, else fp32.
-    """
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """The policy predict runs (None: full depth, the plain forward), its name in the summary
+    (``label``) and the line that says why (``detail``)."""
+
+    policy: ExitPolicy | None
+    label: str
+    detail: str
+
+
+def requested_policy(spec: str | None, checkpoint: str) -> ExitPolicy | str | None:
+    """``--policy`` checked before loading: a parsed policy, ``"none"``, ``"saved"`` (its file
+    must exist) or None (the default)."""
     name = (spec or "").strip().lower()
-    wanted = spec is None or name == "saved"
-    saved = None
-    if wanted or dtype is None:
-        try:
-            saved = read_policy(checkpoint)
-        except ValueError as e:
-            flag = "--policy saved" if wanted else "--dtype (default: the saved policy's)"
-            raise PredictError(f"{flag}: {e}") from None
-    dtype = dtype or (saved.dtype if saved is not None else "fp32")
-    policy, described = _policy(spec, name, checkpoint, saved, dtype)
-    return policy, described, dtype
-
-
-def _policy(
-    spec: str | None, name: str, checkpoint: str, saved: SavedPolicy | None, dtype: str
-) -> tuple[ExitPolicy | None, str]:
-    if name == "none":
-        return None, "full depth (--policy none)"
-    if spec is None or name == "saved":
-        if saved is None:
-            if spec is not None:
-                raise PredictError(
-                    f"--policy saved: no {policy_path(checkpoint)}; write one with "
-                    "acl-fairseq-sweep CHECKPOINT DATA --max-accuracy-drop D (or "
-                    "--target-speedup S), or give a policy such as entropy:0.3"
-                )
-            return None, f"full depth (no {POLICY_FILE} next to the checkpoint)"
-        policy, note = saved.policy_at(dtype)
-        return policy, (
-            f"{policy.spec} (saved in {saved.path}: {saved.describe()}{note and '; ' + note}; "
-            "--policy none for full depth)"
-        )
+    if spec is None or name == "none":
+        return None if spec is None else "none"
+    if name == "saved":
+        if not policy_path(checkpoint).is_file():
+            raise PredictError(
+                f"--policy saved: no {policy_path(checkpoint)}; write one with "
+                "acl-fairseq-sweep CHECKPOINT DATA --max-accuracy-drop D (or "
+                "--target-speedup S), or give a policy such as entropy:0.3"
+            )
+        return "saved"
     try:
-        return parse_policy(spec), spec
+        return parse_policy(spec)
     except ValueError as e:
         raise PredictError(f"--policy: {e}") from None
+
+
+def choose_policy(requested: ExitPolicy | str | None, loaded: Loaded) -> PolicyChoice:
+    """What runs, from ``requested_policy`` and the loaded checkpoint: the saved policy only
+    when it was chosen on these weights (else ``--policy saved`` is refused, and the default
+    is full depth, with the reason)."""
+    if isinstance(requested, ExitPolicy):
+        return PolicyChoice(requested, requested.spec, requested.spec)
+    if requested == "none":
+        return PolicyChoice(None, FULL_DEPTH, "full depth (--policy none)")
+    saved = loaded.saved
+    if saved is None and requested == "saved":
+        raise PredictError(f"--policy saved: {loaded.saved_note}")
+    if saved is None and loaded.saved_note:
+        return PolicyChoice(None, FULL_DEPTH, f"full depth, not the saved policy: "
+                            f"{loaded.saved_note}")  # fmt: skip
+    if saved is None:
+        return PolicyChoice(None, FULL_DEPTH, f"full depth (no {POLICY_FILE} next to the "
+                            "checkpoint)")  # fmt: skip
+    policy, note = saved.policy_at(loaded.dtype)
+    detail = (
+        f"{policy.spec} (saved in {saved.path}: {saved.describe()}{note and '; ' + note}; "
+        "--policy none for full depth)"
+    )
+    return PolicyChoice(policy, policy.spec, detail)
 
 
 def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     columns = parse_columns(args.text_columns)
     if args.batch_size < 1:
         raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
-    policy, described, dtype = choose_policy(args.policy, args.checkpoint, args.dtype)
+    requested = requested_policy(args.policy, args.checkpoint)
     if not Path(args.checkpoint).is_file():
         raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
     source = "stdin" if args.input == "-" else args.input
     rows = read_rows(read_input(args.input, stdin), source, columns, args.header)  # early
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     try:
-        model, task, data = load_for_inference(
-            args.checkpoint, args.data, device, dtype=dtype, label_order=False
-        )
-        found = checked_labels(task, data, args.checkpoint)
-    except (CheckpointError, DataMismatch) as e:
+        loaded = load_for_inference(
+            args.checkpoint, args.data, device, dtype=args.dtype, label_order=False,
+            saved_policy=requested in (None, "saved") or args.dtype is None, text="required",
+        )  # fmt: skip
+    except CheckpointError as e:
         raise PredictError(str(e)) from None
-    for note in found.notes:
+    model = loaded.model
+    for note in loaded.notes:
         stderr.write(f"{PROG}: note: {note}\n")
     if args.head not in model.classification_heads:
         heads = ", ".join(sorted(model.classification_heads)) or "none"
         raise PredictError(f"--head {args.head}: not in {args.checkpoint} (heads: {heads})")
-    regression = bool(getattr(task.cfg, "regression_target", False))
+    choice = choose_policy(requested, loaded)
     one_exit = not shallow_exits(model)
-    if args.policy is None and policy is not None and (regression or one_exit):
-        policy, described = None, "full depth (the saved policy needs a multi-exit classifier)"
-    if policy is not None and one_exit:
+    if requested is None and choice.policy is not None and (loaded.regression or one_exit):
+        choice = PolicyChoice(None, FULL_DEPTH, "full depth (the saved policy needs a "
+                              "multi-exit classifier)")  # fmt: skip
+    if choice.policy is not None and one_exit:
         what = (
             f"a {type(model).__name__} with one exit"
             if not hasattr(model, "early_exit")
@@ -219,31 +223,22 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
             "possible: drop --policy, or use a stage-2 checkpoint (a multi-exit criterion, "
             "--arch multi_exit_roberta*, whose exits were trained)"
         )
-    stderr.write(f"{PROG}: policy: {described}\n{PROG}: dtype: {dtype}\n")
-    if policy is not None:
+    stderr.write(f"{PROG}: policy: {choice.detail}\n{PROG}: dtype: {loaded.dtype}\n")
+    if choice.policy is not None:
         try:
-            policy.exits(model.shallow_exit_layers)
+            choice.policy.exits(model.shallow_exit_layers)
         except ValueError as e:
             raise PredictError(f"--policy: {e}") from None
-    if regression and policy is not None:
+    if loaded.regression and choice.policy is not None:
         raise PredictError("--policy: early exit needs a classification (not regression) model")
-    from fairseq import utils
-
-    max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
-    try:
-        encoder = ExampleEncoder.from_task(task, data, int(max_positions))
-    except DataError as e:
-        raise PredictError(
-            f"--data {data}: {e} (the raw text is encoded with the tokenizer recorded at "
-            "preparation)"
-        ) from None
+    encoder = loaded.examples
     if columns is None and encoder.num_inputs == 2:
         raise PredictError(
             f"{args.checkpoint} is a sentence-pair model: give a TSV with --text-columns 1,2"
         )
     examples = encode_rows(encoder, rows, source)
 
-    pad = encoder.dictionary.pad()
+    policy, pad = choice.policy, encoder.dictionary.pad()
     if examples:  # the first forwards pay one-time costs (threads, the padded path): untimed
         by_length = sorted(examples, key=len)
         warm_up = [by_length[0], by_length[-1]][: min(2, args.batch_size, len(examples))]
@@ -251,20 +246,18 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     start = time.perf_counter()
     results = run_batches(model, examples, policy, args.head, args.batch_size, pad, device)
     seconds = time.perf_counter() - start
-    names = found.labels
-    divisor = float(read_meta(data).get("label_divisor") or 1.0) if regression else 1.0
+    divisor = float((loaded.meta or {}).get("label_divisor") or 1.0)
     for index, prob, layer, value in results:
-        if regression or names is None:  # the score in the units of the raw labels
+        if loaded.regression or loaded.labels is None:  # the score in the raw labels' units
             stdout.write(f"{value * divisor:.4g}\t-\t{layer}\n")
         else:
-            stdout.write(f"{names[index]}\t{prob:.4f}\t{layer}\n")
+            stdout.write(f"{loaded.labels[index]}\t{prob:.4f}\t{layer}\n")
     stdout.flush()
     mean_layer = sum(r[2] for r in results) / len(results) if results else 0.0
     rate = len(results) / seconds if seconds > 0 else float("inf")
-    label = described.split()[0] if policy is not None else "full depth"
     stderr.write(
         f"{PROG}: {len(results)} sentences, {rate:.1f} sentences/s (timed after one warm-up "
-        f"forward), mean exit layer {mean_layer:.2f} of {num_layers(model)} ({label})\n"
+        f"forward), mean exit layer {mean_layer:.2f} of {num_layers(model)} ({choice.label})\n"
     )
     return 0
 

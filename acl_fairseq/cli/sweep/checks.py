@@ -92,6 +92,11 @@ def check_flags(args: argparse.Namespace, use_cuda: bool) -> DeployTarget | None
     """The deploy target of the flags (None without one); ``ValueError`` naming the flag of a
     combination that cannot work."""
     calibrated = policy_kind(args.policy).calibrated
+    if args.max_examples is not None and args.max_examples < 1:
+        raise ValueError(
+            f"--max-examples must be >= 1 (the first N examples of --split), got "
+            f"{args.max_examples}; leave it out to use the whole split"
+        )
     if args.thresholds is not None and not isinstance(args.thresholds, Quantiles):
         check_thresholds(args.policy, args.thresholds)
     if args.thresholds is not None and calibrated:

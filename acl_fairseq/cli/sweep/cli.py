@@ -35,7 +35,9 @@ conservative).
 ``--target-speedup S``: the most accurate swept row with a layer-count speed-up of at least S.
 The choice is written to ``early_exit_policy.json`` next to the checkpoint, every precision's
 under ``by_dtype``, the first of ``--dtypes`` as the default that ``acl-fairseq-predict``
-(``--dtype`` defaults to it) and the hub's ``predict_early_exit`` use::
+(``--dtype`` defaults to it) and the hub's ``predict_early_exit`` use, with the fingerprint of
+the checkpoint's weights: another checkpoint in that folder (``checkpoint_last.pt``, one
+retrained after the sweep, a copied one) runs at full depth instead, saying why::
 
     acl-fairseq-sweep CKPT DATA --dtypes int8,fp32 --max-accuracy-drop 1
     acl-fairseq-predict CKPT --input sentences.txt   # int8 + the policy chosen for int8
@@ -79,6 +81,7 @@ from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import CheckpointError, load_for_inference
 from acl_fairseq.inference.measure import sweep
 from acl_fairseq.inference.precision import prepare_for_inference
+from acl_fairseq.inference.saved_policy import FINGERPRINT, read_policy
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 PROG = "acl-fairseq-sweep"
@@ -282,6 +285,18 @@ def _sweep_precision(
     return out, thresholds
 
 
+def _replaced_policy(checkpoint: str, fingerprint: str) -> str:
+    """The checkpoint named in the policy file next to ``checkpoint`` when that file was chosen
+    on other weights (it is about to be replaced), else ""."""
+    try:
+        old = read_policy(checkpoint)
+    except ValueError:
+        return ""  # not a valid file: replaced without a word
+    if old is None or old.fields.get(FINGERPRINT) == fingerprint:
+        return ""
+    return str(old.fields.get("checkpoint", "another checkpoint"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -298,15 +313,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
     device = torch.device("cuda" if use_cuda else "cpu")
     try:
-        model, task, _ = load_for_inference(args.checkpoint, args.data, device, multi_exit=True)
+        loaded = load_for_inference(
+            args.checkpoint, args.data, device, multi_exit=True, fingerprint=target is not None
+        )
     except CheckpointError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    model, task, max_positions = loaded.model, loaded.task, loaded.max_positions
     head = args.head or getattr(task.cfg, "classification_head_name", None) or DEFAULT_HEAD
     num_classes = int(model.classification_heads[head].out_proj.out_features)
-    from fairseq import utils
-
-    max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
     batches = {
         size: load_batches(task, args.split, size, args.max_examples, device, max_positions)
         for size in args.batch_sizes
@@ -355,7 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if target is not None:
         entries = {p.dtype: p.entry for p in found if p.entry is not None}
         chosen_by = {"split": args.split, "examples": rows[0]["examples"]}
-        path = deploy.save(args.checkpoint, entries, target, **chosen_by)
+        replaced = _replaced_policy(args.checkpoint, loaded.fingerprint)
+        path = deploy.save(args.checkpoint, entries, target, loaded.fingerprint, **chosen_by)
+        if replaced:
+            print(f"\nreplaced {path}, which was chosen on other weights ({replaced})")
         print("\nchosen (" + ", ".join(f"{k} {v}" for k, v in target.describe().items()) + "):")
         for p in found:
             print("  " + _describe(p.dtype, p.choice, p.entry, args.split))
