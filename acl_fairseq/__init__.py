@@ -4,9 +4,10 @@ Load with ``fairseq-train --user-dir acl_fairseq`` (or ``fairseq-validate``,
 ``fairseq-hydra-train``); importing the package registers its criterions, models and tasks.
 """
 
-from . import distributed
+from . import distributed, errors
 from .checkpoint import safe_loading
 
+errors.install_excepthook()  # in fairseq's commands: the plugin's errors as one line
 safe_loading.install()
 distributed.install()  # torch's DDP on CPU; checkpoints broadcast to every worker
 

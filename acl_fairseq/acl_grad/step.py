@@ -80,6 +80,7 @@ from torch import Tensor, nn
 
 from ..autocast import forward_precision
 from ..distributed import check_static_graph
+from ..errors import AclValueError
 from .angle_log import AngleRecord, append_angle_record
 from .angles import ContrastiveGradientBuffer, Decision, decide, gradient_angle
 from .config import AclGradSettings
@@ -264,7 +265,7 @@ class AclGrad:
         check_k(k, num_layers, "--acl-grad-scope")
         params = [named[i][1] for i in scope_indices([n for n, _ in named], k, num_layers)]
         if not any(is_head_param(n) for n, _ in named):
-            raise ValueError(
+            raise AclValueError(
                 f"--acl-grad-scope {self.settings.scope if self.settings else 'head'} measures "
                 "the angle on the classification heads, but the model has no trainable "
                 "'classification_heads' parameters; use --acl-grad-scope all"

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..errors import AclValueError
+
 __all__ = ["changed_settings", "check_resume", "settings"]
 
 
@@ -103,7 +105,7 @@ def check_resume(cfg: Any, checkpoint_cfg: Any, suffix: str = "") -> None:
     changes = changed_settings(saved, cfg)
     if not changes:
         return
-    raise ValueError(
+    raise AclValueError(
         f"--save-dir {checkpoint_cfg.save_dir} holds {last}, saved by an earlier run with other "
         f"settings ({'; '.join(changes)}), and the default --restore-file would resume that "
         f"run: its optimizer state and updates, not the run asked for. Pass --restore-file "

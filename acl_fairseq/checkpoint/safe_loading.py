@@ -32,6 +32,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
+from ..errors import AclFileNotFoundError, AclIsADirectoryError, AclValueError
 from .fits import CheckpointMismatch
 from .resume import check_resume
 
@@ -158,7 +159,7 @@ def _check_loadable(load_fn):
     @functools.wraps(load_fn)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         if PathManager.isfile(path) and _is_safetensors(path):
-            raise ValueError(diagnose(path))
+            raise AclValueError(diagnose(path))
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             try:
                 return load_fn(path, *args, **kwargs)
@@ -167,10 +168,10 @@ def _check_loadable(load_fn):
                     raise
                 what = damaged(path)
                 if what is not None:
-                    raise ValueError(_damaged_message(path, what)) from None
+                    raise AclValueError(_damaged_message(path, what)) from None
                 why = diagnose(path)
                 if why is not None:
-                    raise ValueError(why) from e
+                    raise AclValueError(why) from e
                 if isinstance(e, pickle.UnpicklingError) and "Unsupported global" in str(e):
                     raise pickle.UnpicklingError(
                         f"{path}: this checkpoint holds objects outside the set that "
@@ -210,10 +211,10 @@ def check_restore_file(cfg, suffix: str | None = "") -> str | None:
     named = restore if path == restore else f"{restore} (read as {path})"
     if PathManager.exists(path):
         fix = _folder_fix(path)
-        raise IsADirectoryError(
+        raise AclIsADirectoryError(
             f"--restore-file (checkpoint.restore_file) {named} is a folder: {fix}"
         )
-    raise FileNotFoundError(
+    raise AclFileNotFoundError(
         f"--restore-file (checkpoint.restore_file) {named}: no such file, and fairseq would "
         "train from randomly initialised weights. Pass the path of a fairseq checkpoint (e.g. "
         f"roberta.base/model.pt), or leave --restore-file at its default ({DEFAULT_RESTORE_FILE}"
