@@ -19,6 +19,8 @@ from acl_fairseq.errors import (
     install_excepthook,
 )
 
+from fairseq_helpers import fails_with, train_args, trained_updates
+
 
 def raise_in(prog: str, raising: str, traceback: bool = False) -> subprocess.CompletedProcess:
     """A Python process named ``prog`` that installs the hook, then runs ``raising``."""
@@ -88,3 +90,34 @@ def test_each_kind_is_also_the_builtin_error_it_replaces(kind, builtin):
     error = kind("--flag x: use y")
     assert isinstance(error, AclFairseqError) and isinstance(error, builtin)
     assert str(error) == "--flag x: use y"
+
+
+TRAIN = train_args(criterion="acl_embed", max_update=2, no_epoch_checkpoints=True)
+
+
+@pytest.mark.slow
+def test_a_set_up_error_through_fairseq_train(sentiment_data, tmp_path, monkeypatch):
+    """--acl-grad-log into a missing folder: before any update (fairseq would fail at the
+    first one), as one line."""
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    log = tmp_path / "missing_dir" / "a.tsv"
+    out = fails_with(sentiment_data, tmp_path / "ck", *TRAIN, "--acl-grad-log", str(log),
+                     message="")  # fmt: skip
+    assert out.rstrip().splitlines()[-1] == (
+        f"fairseq-train: error: --acl-grad-log {log}: the folder {log.parent} does not exist; "
+        f"create it first (mkdir -p {log.parent}) or give a file in an existing folder"
+    )
+    assert "Traceback" not in out and not trained_updates(out)
+    monkeypatch.setenv(TRACEBACK_ENV, "1")
+    out = fails_with(sentiment_data, tmp_path / "ck", *TRAIN, "--acl-grad-log", str(log),
+                     message="Traceback (most recent call last)")  # fmt: skip
+    assert f"acl_fairseq.errors.AclFileNotFoundError: --acl-grad-log {log}: the folder" in out
+
+
+@pytest.mark.slow
+def test_ce_scl_at_batch_size_1_through_fairseq_train(sentiment_data, tmp_path):
+    args = train_args(criterion="ce_scl", batch_size=1, max_update=2)
+    out = fails_with(sentiment_data, tmp_path, *args, message="")
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("fairseq-train: error: --criterion ce_scl with --batch-size 1: SCL")
+    assert not trained_updates(out)
