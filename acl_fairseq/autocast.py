@@ -25,6 +25,8 @@ from fairseq.optim.amp_optimizer import AMPOptimizer
 from omegaconf import II
 from torch import Tensor, nn
 
+from .errors import AclValueError
+
 __all__ = [
     "AUTOCAST_DTYPES",
     "AutocastConfig",
@@ -77,7 +79,7 @@ def check_autocast(cfg: Any) -> None:
     on -= {k.replace("memory_efficient_", "") for k in on if k.startswith("memory_")}  # implied
     given = [flag for key, flag in _EXCLUSIVE_FLAGS.items() if key in on]
     if given:
-        raise ValueError(
+        raise AclValueError(
             f"--autocast {mode} cannot be combined with {' '.join(given)}: --autocast {mode} "
             "keeps fp32 weights and runs the forward passes in bfloat16 by itself, while "
             f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} fairseq's own mixed "

@@ -50,6 +50,8 @@ from omegaconf import II
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .errors import AclRuntimeError, AclValueError
+
 __all__ = [
     "CpuDistributedDataParallel",
     "DataParallelConfig",
@@ -146,7 +148,7 @@ def check_static_graph(model: nn.Module) -> None:
     never be reduced (checked with torch 2.13)."""
     ddp = find_ddp(model)
     if ddp is not None and ddp.static_graph:
-        raise RuntimeError(
+        raise AclRuntimeError(
             "ACL-Grad cannot train a DistributedDataParallel model built with "
             "static_graph=True: its gradients would not be all-reduced. Build it without "
             "static_graph (fairseq's --ddp-backend pytorch_ddp does), use --ddp-backend "
@@ -195,7 +197,7 @@ def check_unused_parameters(cfg: Any, unused: list[str]) -> None:
     if world_size < 2 or getattr(cfg, "find_unused_parameters", None) is not False or not unused:
         return
     shown = ", ".join(unused[:3]) + (f" and {len(unused) - 3} more" if len(unused) > 3 else "")
-    raise ValueError(
+    raise AclValueError(
         f"--ddp-backend {backend} with {world_size} workers needs --find-unused-parameters "
         f"here: trainable parameters that the loss never uses ({shown}) would make torch's "
         "DistributedDataParallel wait for their gradients and stop at the second update. "

@@ -14,9 +14,19 @@ in ``$ACL_TEST_PATCHES`` (a comma list). The plugin itself never applies them.
   classification) is built frozen, except its weight, which is the token embedding's. torch's
   DistributedDataParallel then has no unused parameter and runs without
   ``--find-unused-parameters``.
+* ``kill_at``: kills the process (SIGKILL, as ``kill -9``) at one moment named by
+  ``$ACL_TEST_KILL_AT`` = ``EVENT:FILE:N``, the N-th EVENT on checkpoint file FILE (``*``: any):
+  ``update`` (before the N-th training update), ``save`` (``torch.save`` of a checkpoint, after
+  half of its bytes are written), ``copy`` (``shutil.copyfile`` of a checkpoint, after half of
+  its bytes), ``replace`` (just before a checkpoint file is renamed into place). FILE is the
+  final name (``checkpoint_last.pt``; a ``.tmp`` being written counts as its file). Works the
+  same on fairseq's own saving code and on the plugin's.
 """
 
+import io
 import os
+import shutil
+import signal
 import sys
 
 
@@ -42,7 +52,76 @@ def frozen_lm_head() -> None:
     RobertaEncoder.build_lm_head = build_frozen_lm_head
 
 
-PATCHES = {"cpu_fp16": cpu_fp16, "frozen_lm_head": frozen_lm_head}
+def kill_at() -> None:
+    import torch
+    from fairseq.trainer import Trainer
+
+    event, name, nth = os.environ["ACL_TEST_KILL_AT"].split(":")
+    seen = {"count": 0}
+
+    def now(kind: str, path: object = "") -> bool:
+        """Whether this is the moment: the N-th ``kind`` on the file named."""
+        if kind != event:
+            return False
+        if kind != "update":
+            base = os.path.basename(str(path)).removesuffix(".tmp")
+            if not base.endswith(".pt") or name not in ("*", base):
+                return False
+        seen["count"] += 1
+        return seen["count"] == int(nth)
+
+    def die() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def half(data: bytes, f) -> None:
+        f.write(data[: len(data) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+
+    real_save, real_copy = torch.save, shutil.copyfile
+    real_rename, real_replace = os.rename, os.replace
+    train_step = Trainer.train_step
+
+    def save(obj, f, *args, **kwargs):
+        if now("save", getattr(f, "name", f)):
+            buffer = io.BytesIO()
+            real_save(obj, buffer, *args, **kwargs)
+            if hasattr(f, "write"):
+                half(buffer.getvalue(), f)
+            else:
+                with open(f, "wb") as out:
+                    half(buffer.getvalue(), out)
+            die()
+        return real_save(obj, f, *args, **kwargs)
+
+    def copyfile(src, dst, *args, **kwargs):
+        if now("copy", dst):
+            with open(src, "rb") as f, open(dst, "wb") as out:
+                half(f.read(), out)
+            die()
+        return real_copy(src, dst, *args, **kwargs)
+
+    def renamer(real):
+        def rename(src, dst, *args, **kwargs):
+            if now("replace", dst):
+                die()
+            return real(src, dst, *args, **kwargs)
+
+        return rename
+
+    def step(self, *args, **kwargs):
+        if now("update"):
+            die()
+        return train_step(self, *args, **kwargs)
+
+    torch.save, shutil.copyfile = save, copyfile
+    os.rename, os.replace = renamer(real_rename), renamer(real_replace)
+    Trainer.train_step = step
+
+
+PATCHES = {"cpu_fp16": cpu_fp16, "frozen_lm_head": frozen_lm_head, "kill_at": kill_at}
 
 if __name__ == "__main__":
     for name in filter(None, os.environ.get("ACL_TEST_PATCHES", "").split(",")):

@@ -165,4 +165,88 @@ def test_multi_exit_criterion_on_a_model_without_exits(sentiment_data, tmp_path,
         message=f"--criterion {criterion} needs a multi-exit model (--arch "
         "multi_exit_roberta, multi_exit_roberta_base, ...); this model has no exits",
     )
-    assert "build_criterion" in out and "begin training epoch" not in out  # at set-up
+    assert "begin training epoch" not in out  # at set-up, one line without a traceback
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith(f"fairseq-train: error: --criterion {criterion}")
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_ce_scl_with_a_batch_too_small_for_scl_is_refused(sentiment_data, batch_size):
+    """A batch of 1 has no pair; in a batch of 2 SCL is 0 (the positive is the whole
+    denominator): plain CE, without a word, on fairseq's code."""
+    args = train_args(criterion="ce_scl", batch_size=batch_size, max_update=2)
+    with pytest.raises(ValueError) as info:
+        set_up(sentiment_data, *args)
+    assert str(info.value) == (
+        f"--criterion ce_scl with --batch-size {batch_size}: SCL needs, in one batch of a "
+        "worker, an example with another of its label and a third to compare them with, which "
+        f"a batch of {batch_size} never has, so every update would be plain CE (no contrastive "
+        "term, no ACL-Grad angle). Use --criterion acl_embed (its label embeddings give every "
+        "example a positive, even at --batch-size 1) or --batch-size 3 or more (several times "
+        "--num-classes)"
+    )
+
+
+def test_scl_at_batch_size_2_is_zero():
+    """Why 2 is refused: the loss and its gradient are 0 whatever the features."""
+    import torch
+
+    from acl_fairseq.criterions.losses import supervised_contrastive_loss
+
+    features = torch.randn(2, 8, requires_grad=True)
+    for labels in ([0, 0], [0, 1]):
+        loss = supervised_contrastive_loss(features, torch.tensor(labels), 0.3)
+        assert float(loss) == 0.0
+        (grad,) = torch.autograd.grad(loss, features, allow_unused=True)
+        assert grad is None or not grad.any()
+
+
+def test_ce_scl_with_few_positives_per_batch_is_warned_about(sentiment_data, caplog):
+    with caplog.at_level("WARNING", logger="acl_fairseq.criterions.ce_scl"):
+        set_up(sentiment_data, *train_args(criterion="ce_scl", batch_size=3, max_update=2))
+        assert not caplog.records  # 2 classes: a quarter of the examples alone
+        set_up(sentiment_data, *train_args(criterion="acl_embed", batch_size=1, max_update=2))
+        assert not caplog.records  # ACL-Embed: every example has its label embedding
+    _, _, criterion = set_up(
+        sentiment_data, *train_args(criterion="ce_scl", batch_size=3, max_update=2)
+    )
+    with caplog.at_level("WARNING", logger="acl_fairseq.criterions.ce_scl"):
+        criterion.check_batch_size(3, 5)
+    assert (
+        "--criterion ce_scl with --batch-size 3 and 5 classes: with balanced labels about 64% "
+        "of the examples have no other example of their label in their batch" in caplog.text
+    )
+
+
+def test_ce_scl_batch_size_is_not_checked_when_loading_a_checkpoint(sentiment_data):
+    """fairseq-validate builds the criterion with its own --batch-size (1 is fine there)."""
+    parsed = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [str(sentiment_data), "--num-classes", "2",
+         *train_args(criterion="ce_scl", batch_size=1, max_update=2)],
+    )  # fmt: skip
+    cfg = convert_namespace_to_omegaconf(parsed)
+    task = tasks.setup_task(cfg.task, from_checkpoint=True)
+    model = task.build_model(cfg.model)
+    assert model is not None and task.build_criterion(cfg.criterion) is not None
+
+
+@pytest.mark.parametrize(
+    "where,message",
+    [
+        ("missing_dir/a.tsv", "the folder {tmp}/missing_dir does not exist; create it first "
+         "(mkdir -p {tmp}/missing_dir) or give a file in an existing folder"),
+        ("", "is a folder: give a file for the angle log, e.g. {tmp}/angles.tsv"),
+    ],
+)  # fmt: skip
+def test_an_angle_log_that_cannot_be_written_stops_the_set_up(
+    sentiment_data, tmp_path, where, message
+):
+    path = str(tmp_path / where) if where else str(tmp_path)
+    with pytest.raises(OSError) as info:
+        set_up(sentiment_data, *TRAIN, "--acl-grad-log", path)
+    assert str(info.value) == f"--acl-grad-log {path}" + (": " if where else " ") + (
+        message.format(tmp=tmp_path)
+    )
+    set_up(sentiment_data, *TRAIN, "--acl-grad-log", str(tmp_path / "angles.{rank}.tsv"))

@@ -234,7 +234,7 @@ def test_unknown_label_stops_at_load_time(unknown_label_data, tmp_path, criterio
         *TRAIN,
         "--criterion",
         criterion,
-        message=f"ValueError: {data}/label/valid.bin: 1 of 32 labels are not in "
+        message=f"fairseq-train: error: {data}/label/valid.bin: 1 of 32 labels are not in "
         f"{data}/label/dict.txt (binarized as <unk>): line 5 of {raw / 'valid.label'} "
         "(line 5: '2'). The dictionary lists ",
     )

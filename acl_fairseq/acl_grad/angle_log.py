@@ -12,14 +12,18 @@ often the ``head`` and ``top:K`` angles of the same updates lead to the same dec
 """
 
 import math
+import os
 import statistics
 from pathlib import Path
 from typing import NamedTuple
+
+from ..errors import AclFileNotFoundError, AclIsADirectoryError, AclValueError
 
 __all__ = [
     "AngleRecord",
     "ScopeAgreement",
     "append_angle_record",
+    "check_log_path",
     "read_angle_log",
     "scope_agreement",
     "scope_angles",
@@ -53,6 +57,29 @@ class AngleRecord(NamedTuple):
                 raise ValueError(f"not a 'K:angle' column of an ACL-Grad angle log: {line!r}")
             top.append((int(k), float(angle)))
         return cls(int(parts[0]), float(parts[1]), bool(int(parts[2])), head, tuple(top))
+
+
+def check_log_path(path: str, given: str | None = None, flag: str = "--acl-grad-log") -> None:
+    """At set-up: raises naming ``flag`` (and ``given``, the value as passed) when the angle
+    log ``path`` cannot be appended to (its folder missing or read-only, or a folder given),
+    rather than at the first update."""
+    given = given or path
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise AclIsADirectoryError(
+            f"{flag} {given} is a folder: give a file for the angle log, e.g. "
+            f"{os.path.join(given, 'angles.tsv')}"
+        )
+    if not os.path.isdir(folder):
+        raise AclFileNotFoundError(
+            f"{flag} {given}: the folder {folder} does not exist; create it first (mkdir -p "
+            f"{folder}) or give a file in an existing folder"
+        )
+    target = path if os.path.exists(path) else folder
+    if not os.access(target, os.W_OK):
+        raise AclValueError(
+            f"{flag} {given}: {target} is not writable; give a file in a folder you can write to"
+        )
 
 
 def append_angle_record(path: str | Path, record: AngleRecord) -> None:

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from ..errors import AclValueError
+
 __all__ = [
     "check_k",
     "check_scope_fits",
@@ -65,7 +67,7 @@ def parse_scope(value: str) -> int | None:
         k = value[len("top:") :]
         if k.isdigit():
             return int(k)
-    raise ValueError(
+    raise AclValueError(
         f"--acl-grad-scope must be 'all', 'head' or 'top:K' with K a whole number of encoder "
         f"layers (e.g. top:2), got {value!r}"
     )
@@ -80,7 +82,7 @@ def parse_log_top_k(value: str | None) -> tuple[int, ...]:
     for item in str(value).split(","):
         item = item.strip()
         if not item.isdigit():
-            raise ValueError(
+            raise AclValueError(
                 "--acl-grad-log-top-k is a comma list of whole numbers of encoder layers "
                 f"(e.g. 1,2,3), got {value!r}"
             )
@@ -91,7 +93,7 @@ def parse_log_top_k(value: str | None) -> tuple[int, ...]:
 def check_k(k: int, num_layers: int, flag: str) -> None:
     """Raises ValueError naming ``flag`` unless ``0 <= k <= num_layers``."""
     if not 0 <= k <= num_layers:
-        raise ValueError(
+        raise AclValueError(
             f"{flag}: K={k} is outside 0..{num_layers}; the model has {num_layers} encoder "
             f"layers (use a K between 0 and {num_layers}, or --acl-grad-scope all)"
         )
@@ -117,7 +119,7 @@ def check_scope_fits(model: nn.Module, scope: str, log_top_k: Sequence[int]) -> 
     if k is not None:
         check_k(k, num_layers, "--acl-grad-scope")
         if log_top_k:
-            raise ValueError(
+            raise AclValueError(
                 "--acl-grad-log-top-k logs the top-K angles of the exact decision: it needs "
                 f"--acl-grad-scope all, got --acl-grad-scope {scope}"
             )

@@ -80,7 +80,8 @@ from torch import Tensor, nn
 
 from ..autocast import forward_precision
 from ..distributed import check_static_graph
-from .angle_log import AngleRecord, append_angle_record
+from ..errors import AclValueError
+from .angle_log import AngleRecord, append_angle_record, check_log_path
 from .angles import ContrastiveGradientBuffer, Decision, decide, gradient_angle
 from .config import AclGradSettings
 from .contract import AclGradCriterion
@@ -124,6 +125,13 @@ class AclGrad:
         or ``--acl-grad-log-top-k`` does not fit ``model``'s encoder layers."""
         if settings is not None:
             check_scope_fits(model, settings.scope, self.log_top_k)
+
+    def check_log_path(self) -> None:
+        """At set-up of a training: raises naming ``--acl-grad-log`` when this worker's angle
+        log cannot be written (every worker checks the folder, so all stop together)."""
+        if self.log_path:
+            path = self.log_path.replace("{rank}", str(_data_parallel_rank()))
+            check_log_path(path, given=self.log_path)
 
     @property
     def holds_contrastive_gradient(self) -> bool:
@@ -264,7 +272,7 @@ class AclGrad:
         check_k(k, num_layers, "--acl-grad-scope")
         params = [named[i][1] for i in scope_indices([n for n, _ in named], k, num_layers)]
         if not any(is_head_param(n) for n, _ in named):
-            raise ValueError(
+            raise AclValueError(
                 f"--acl-grad-scope {self.settings.scope if self.settings else 'head'} measures "
                 "the angle on the classification heads, but the model has no trainable "
                 "'classification_heads' parameters; use --acl-grad-scope all"

@@ -8,6 +8,8 @@ import re
 
 import torch
 
+from ..errors import AclValueError
+
 __all__ = ["CheckpointMismatch", "check_checkpoint_fits", "load_state_dict_checked", "loading_as"]
 
 _CHECKPOINT = "cannot load the checkpoint (--restore-file, --finetune-from-model or --path)"
@@ -34,7 +36,7 @@ _EMBED = "encoder.sentence_encoder.embed_tokens.weight"
 _LAYER = re.compile(r"encoder\.sentence_encoder\.layers\.(\d+)\.")
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(AclValueError):
     """A checkpoint of another vocabulary or architecture than the model built."""
 
 

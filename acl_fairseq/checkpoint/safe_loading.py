@@ -4,18 +4,19 @@ Since torch 2.6 ``torch.load`` defaults to ``weights_only=True``; fairseq checkp
 ``argparse.Namespace`` (``args``), so ``fairseq-validate --path``, ``--restore-file``, resuming
 from ``checkpoint_last.pt`` and ``from_pretrained`` fail with "Weights only load failed".
 
-:func:`install` wraps two functions of ``fairseq.checkpoint_utils``, for every task and
-criterion (fairseq's own ``sentence_prediction`` too, once ``--user-dir acl_fairseq`` is given):
+:func:`install` wraps ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (the one function
+every fairseq entry point loads checkpoints through), for every task and criterion (fairseq's
+own ``sentence_prediction`` too, once ``--user-dir acl_fairseq`` is given): during that call
+only, the few plain-data classes fairseq checkpoints hold are allow-listed for the weights-only
+unpickler. Every other ``torch.load`` in the process keeps torch's default. A file that is not a
+fairseq checkpoint (a Hugging Face state dict or ``.safetensors`` file, a plain tensor dict, an
+empty or truncated file) fails with a message that says what to do.
 
-* ``load_checkpoint_to_cpu`` (the one function every fairseq entry point loads checkpoints
-  through): during that call only, the few plain-data classes fairseq checkpoints hold are
-  allow-listed for the weights-only unpickler. Every other ``torch.load`` in the process keeps
-  torch's default. A file that is not a fairseq checkpoint (a Hugging Face state dict or
-  ``.safetensors`` file, a plain tensor dict) fails with a message that says what to do.
-* ``load_checkpoint`` (``fairseq-train``'s restore step): an explicit ``--restore-file`` that
-  does not exist stops training before it starts; fairseq would only log "No existing
-  checkpoint found" and train from random weights. The default ``checkpoint_last.pt`` keeps
-  fairseq's meaning: resume from ``SAVE_DIR/checkpoint_last.pt`` if it exists, else start fresh.
+:func:`check_restore_file` (run by ``fairseq-train``'s restore step, see
+:mod:`acl_fairseq.checkpoint.save_dir`): an explicit ``--restore-file`` that does not exist
+stops training before it starts; fairseq would only log "No existing checkpoint found" and
+train from random weights. The default ``checkpoint_last.pt`` keeps fairseq's meaning: resume
+from ``SAVE_DIR/checkpoint_last.pt`` if it exists, else start fresh.
 """
 
 import argparse
@@ -32,8 +33,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from .fits import CheckpointMismatch
-from .resume import check_resume
+from ..errors import AclFileNotFoundError, AclIsADirectoryError, AclValueError
 
 __all__ = ["install", "SAFE_GLOBALS", "check_restore_file", "damaged", "named_as"]
 
@@ -158,7 +158,7 @@ def _check_loadable(load_fn):
     @functools.wraps(load_fn)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         if PathManager.isfile(path) and _is_safetensors(path):
-            raise ValueError(diagnose(path))
+            raise AclValueError(diagnose(path))
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             try:
                 return load_fn(path, *args, **kwargs)
@@ -167,10 +167,10 @@ def _check_loadable(load_fn):
                     raise
                 what = damaged(path)
                 if what is not None:
-                    raise ValueError(_damaged_message(path, what)) from None
+                    raise AclValueError(_damaged_message(path, what)) from None
                 why = diagnose(path)
                 if why is not None:
-                    raise ValueError(why) from e
+                    raise AclValueError(why) from e
                 if isinstance(e, pickle.UnpicklingError) and "Unsupported global" in str(e):
                     raise pickle.UnpicklingError(
                         f"{path}: this checkpoint holds objects outside the set that "
@@ -210,10 +210,10 @@ def check_restore_file(cfg, suffix: str | None = "") -> str | None:
     named = restore if path == restore else f"{restore} (read as {path})"
     if PathManager.exists(path):
         fix = _folder_fix(path)
-        raise IsADirectoryError(
+        raise AclIsADirectoryError(
             f"--restore-file (checkpoint.restore_file) {named} is a folder: {fix}"
         )
-    raise FileNotFoundError(
+    raise AclFileNotFoundError(
         f"--restore-file (checkpoint.restore_file) {named}: no such file, and fairseq would "
         "train from randomly initialised weights. Pass the path of a fairseq checkpoint (e.g. "
         f"roberta.base/model.pt), or leave --restore-file at its default ({DEFAULT_RESTORE_FILE}"
@@ -238,50 +238,8 @@ def _folder_fix(path: str) -> str:
     return "pass the checkpoint file inside it (e.g. model.pt or checkpoint_best.pt)"
 
 
-def _hydra_hint() -> str:
-    """Under fairseq-hydra-train: where the model flags' overrides are described."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if not HydraConfig.initialized():
-            return ""
-    except ImportError:
-        return ""
-    return (
-        ". With fairseq-hydra-train the model flags are overrides (model._name=..., "
-        "++model.encoder_layers=..., task.max_positions=...): configs/README.md turns a "
-        "converted BERT's fairseq_args.txt into them"
-    )
-
-
-def _check_restore(load_fn):
-    @functools.wraps(load_fn)
-    def load_checkpoint(cfg, trainer, **kwargs):
-        suffix = getattr(trainer, "checkpoint_suffix", "")
-        check_restore_file(cfg, suffix)
-        if getattr(trainer, "cfg", None) is not None:
-            check_resume(trainer.cfg, cfg, suffix)  # a reused --save-dir of another run
-        token = _SOURCE.set("--restore-file (checkpoint.restore_file)")
-        try:
-            return load_fn(cfg, trainer, **kwargs)
-        except Exception as e:
-            # fairseq's trainer replaces any loading error by "Cannot load model parameters
-            # ... ensure that the architectures match": ours says which flag, so it goes last
-            if isinstance(e.__context__, CheckpointMismatch):
-                raise CheckpointMismatch(f"{e.__context__}{_hydra_hint()}") from None
-            raise
-        finally:
-            _SOURCE.reset(token)
-
-    load_checkpoint._acl_fairseq_safe = True  # type: ignore[attr-defined]
-    return load_checkpoint
-
-
 def install() -> None:
-    """Idempotent: wraps ``checkpoint_utils.load_checkpoint_to_cpu`` and ``load_checkpoint``."""
+    """Idempotent: wraps ``checkpoint_utils.load_checkpoint_to_cpu``."""
     current = checkpoint_utils.load_checkpoint_to_cpu
     if not getattr(current, "_acl_fairseq_safe", False):
         checkpoint_utils.load_checkpoint_to_cpu = _check_loadable(current)
-    current = checkpoint_utils.load_checkpoint
-    if not getattr(current, "_acl_fairseq_safe", False):
-        checkpoint_utils.load_checkpoint = _check_restore(current)

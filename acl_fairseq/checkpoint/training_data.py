@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..errors import AclValueError
+
 __all__ = [
     "KEY",
     "DataMismatch",
@@ -35,7 +37,7 @@ _META = "prepare_glue.json"  # acl_fairseq.data.prepared.META_FILE (not imported
 _TOKENIZER_FILES = ("gpt2_encoder_json", "gpt2_vocab_bpe", "vocab", "spm_model")
 
 
-class DataMismatch(ValueError):
+class DataMismatch(AclValueError):
     """The folder given is not one the checkpoint can be used with; the message says why."""
 
 

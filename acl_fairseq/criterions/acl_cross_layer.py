@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from ..acl_grad.config import AclGradConfig
 from ..distributed import unwrap_model
+from ..errors import AclValueError
 from ..models.types import ExitOutput
 from .base import ContrastiveConfig
 from .losses import acl_embed_loss, cross_layer_loss
@@ -79,7 +80,7 @@ class AclCrossLayerCriterion(MultiExitCeCriterion):
         self.cross_layer_weighting = str(cfg.cross_layer_weighting)
         self.frozen_teacher_path = cfg.frozen_teacher
         if self.frozen_teacher_path and not os.path.isfile(self.frozen_teacher_path):
-            raise ValueError(
+            raise AclValueError(
                 f"--frozen-teacher {self.frozen_teacher_path}: no such file; pass the stage-1 "
                 "checkpoint (e.g. checkpoints/stage1/checkpoint_best.pt) or leave the flag out "
                 "for the live teacher"
@@ -92,7 +93,7 @@ class AclCrossLayerCriterion(MultiExitCeCriterion):
         exits, so a model whose only exit is the last layer would train plain ACL-Embed."""
         super().check_model(model)
         if not model.shallow_exit_layers:
-            raise ValueError(
+            raise AclValueError(
                 f"--criterion {self.name} needs shallow exits, but the model has only the "
                 "final exit (--exit-layers none), so ACL-CL would have nothing to teach and "
                 "the run would be plain ACL-Embed: pass --exit-layers (e.g. 4,8, or leave it "
@@ -113,7 +114,7 @@ class AclCrossLayerCriterion(MultiExitCeCriterion):
             key = f"classification_heads.{self.classification_head_name}.out_proj.weight"
             head = model.classification_heads[self.classification_head_name]
             if key not in state or state[key].shape != head.out_proj.weight.shape:
-                raise ValueError(
+                raise AclValueError(
                     f"--frozen-teacher {self.frozen_teacher_path} has no trained head "
                     f"'{self.classification_head_name}' with {head.out_proj.out_features} "
                     "classes: pass a checkpoint fine-tuned on this task (stage 1)"

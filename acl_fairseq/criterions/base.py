@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ..acl_grad.config import AclGradConfig, AclGradSettings, add_acl_grad_switch
 from ..acl_grad.contract import AclGradTask, LossTerms
 from ..autocast import full_precision
+from ..errors import AclValueError
 
 __all__ = [
     "ContrastiveConfig",
@@ -112,14 +113,14 @@ def validate_criterion_config(cfg: Any, criterion_name: str) -> None:
     fields = {f.name for f in dataclasses.fields(config_type(cfg))}
     if cfg.regression_target:
         needs = "a contrastive loss needs" if "temperature" in fields else "it needs"
-        raise ValueError(
+        raise AclValueError(
             f"--criterion {criterion_name} is for classification: {needs} class labels, but "
             "--regression-target is set (e.g. STS-B). Use --criterion sentence_prediction for "
             "regression tasks."
         )
     for key, (ok, message) in _RULES.items():
         if key in fields and not ok(float(getattr(cfg, key))):
-            raise ValueError(message.format(getattr(cfg, key)))
+            raise AclValueError(message.format(getattr(cfg, key)))
 
 
 @contextlib.contextmanager
@@ -144,13 +145,13 @@ def capture_input(module: nn.Module) -> Iterator[list[Tensor]]:
 def classification_head(model: nn.Module, name: str) -> nn.Module:
     heads = getattr(model, "classification_heads", None)
     if heads is None or name not in heads:
-        raise ValueError(
+        raise AclValueError(
             f"the model has no classification head '{name}' (--classification-head-name); "
             "use a RoBERTa-style model and --task acl_sentence_prediction or sentence_prediction"
         )
     head = heads[name]
     if not isinstance(getattr(head, "out_proj", None), nn.Linear):
-        raise ValueError(
+        raise AclValueError(
             f"classification head '{name}' has no nn.Linear 'out_proj': the contrastive "
             "criterions read the pooled feature and label embeddings from it"
         )
@@ -192,7 +193,7 @@ class LossTermsCriterion(SentencePredictionCriterion):
             else None
         )
         if self.acl_grad is not None and not isinstance(task, AclGradTask):
-            raise ValueError(
+            raise AclValueError(
                 f"--criterion {self.name} with ACL-Grad needs --task acl_sentence_prediction "
                 f"(its train_step compares the gradients); got --task "
                 f"{getattr(task.cfg, '_name', type(task).__name__)}. Switch the task, or pass "
@@ -274,7 +275,7 @@ class ContrastiveSentencePredictionCriterion(LossTermsCriterion):
         targets = model.get_targets(sample, [logits]).view(-1)
         num_classes = logits.size(-1)
         if targets.numel() and (targets.min() < 0 or targets.max() >= num_classes):
-            raise ValueError(
+            raise AclValueError(
                 f"a target label id is outside [0, {num_classes}): --num-classes "
                 f"{num_classes} does not match the label dictionary of the data"
             )

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..autocast import full_precision
 from ..distributed import call_through_wrappers
+from ..errors import AclValueError
 from .base import LossTerms, LossTermsCriterion
 
 EXIT_WEIGHTING = ChoiceEnum(["layer", "uniform"])
@@ -59,7 +60,7 @@ class MultiExitCeCriterion(LossTermsCriterion):
     def check_model(self, model: nn.Module) -> None:
         """Raises ValueError unless ``model`` has exits (called by the task at set-up)."""
         if not hasattr(model, "exit_outputs"):
-            raise ValueError(
+            raise AclValueError(
                 f"--criterion {self.name} needs a multi-exit model (--arch multi_exit_roberta, "
                 "multi_exit_roberta_base, ...); this model has no exits"
             )

@@ -12,6 +12,7 @@ from typing import Any
 from fairseq.models.roberta.model import RobertaClassificationHead
 from torch import Tensor
 
+from ..errors import AclValueError
 from .pooling import MeanWeights, masked_mean
 
 __all__ = ["DEFAULT_HEAD", "POOLING_CHOICES", "MultiExitClassificationHead", "exit_head_name"]
@@ -36,7 +37,7 @@ class MultiExitClassificationHead(RobertaClassificationHead):
     def __init__(self, *args: Any, pooling: str = "first", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if pooling not in POOLING_CHOICES:
-            raise ValueError(f"--exit-pooling must be one of {POOLING_CHOICES}, got {pooling!r}")
+            raise AclValueError(f"--exit-pooling must be one of {POOLING_CHOICES}, got {pooling!r}")
         self.pooling = pooling
 
     def pool(

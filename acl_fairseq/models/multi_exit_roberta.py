@@ -34,6 +34,7 @@ from fairseq.utils import safe_getattr
 from torch import Tensor
 
 from ..early_exit.policies import ExitPolicy, as_policy
+from ..errors import AclValueError
 from ..inference.loader import CheckpointError, load_for_inference
 from .early_exit_loop import run_early_exit
 from .heads import DEFAULT_HEAD, POOLING_CHOICES, MultiExitClassificationHead, exit_head_name
@@ -78,23 +79,23 @@ def parse_exit_layers(spec: Any, num_layers: int) -> tuple[int, ...]:
     elif isinstance(spec, Sequence):
         items = list(spec)
     else:
-        raise ValueError(f"--exit-layers: expected a comma-separated list, got {spec!r}")
+        raise AclValueError(f"--exit-layers: expected a comma-separated list, got {spec!r}")
     layers = []
     for item in items:
         try:
             layer = int(str(item).strip())
         except ValueError:
-            raise ValueError(
+            raise AclValueError(
                 f"--exit-layers: {item!r} in {spec!r} is not an integer layer index"
             ) from None
         if not 1 <= layer <= num_layers - 1:
-            raise ValueError(
+            raise AclValueError(
                 f"--exit-layers: layer {layer} is outside 1..{num_layers - 1}; the model has "
                 f"{num_layers} layers and layer {num_layers} always has the final exit"
             )
         layers.append(layer)
     if len(set(layers)) != len(layers):
-        raise ValueError(f"--exit-layers: duplicate layer in {spec!r}")
+        raise AclValueError(f"--exit-layers: duplicate layer in {spec!r}")
     return tuple(sorted(layers))
 
 
@@ -105,7 +106,7 @@ class MultiExitRobertaModel(RobertaModel):
     def __init__(self, args: Any, encoder: Any) -> None:
         super().__init__(args, encoder)
         if safe_getattr(args, "encoder_layerdrop", 0.0) > 0:
-            raise ValueError(
+            raise AclValueError(
                 "multi_exit_roberta does not support --encoder-layerdrop > 0 (the exits "
                 "need the hidden states of every layer)"
             )
@@ -115,7 +116,7 @@ class MultiExitRobertaModel(RobertaModel):
         )
         self.exit_pooling: str = safe_getattr(args, "exit_pooling", "first")
         if self.exit_pooling not in POOLING_CHOICES:
-            raise ValueError(
+            raise AclValueError(
                 f"--exit-pooling must be one of {POOLING_CHOICES}, got {self.exit_pooling!r}"
             )
 
@@ -254,7 +255,7 @@ class MultiExitRobertaModel(RobertaModel):
     def freeze_backbone(self, name: str = DEFAULT_HEAD) -> None:
         """Leaves only the shallow exit heads of group ``name`` trainable."""
         if not self.shallow_exit_layers:
-            raise ValueError(
+            raise AclValueError(
                 "--freeze-backbone leaves nothing to train: the model has no shallow exits "
                 "(--exit-layers none)"
             )

@@ -13,8 +13,10 @@ examples longer than ``--max-positions`` without ``--shorten-method`` (fairseq w
 from training and stop at validation); a checkpoint of another vocabulary or architecture
 (``--restore-file``); and a criterion that cannot train the model just built (its
 ``check_model``; a ``K`` of ``--acl-grad-scope top:K`` or ``--acl-grad-log-top-k`` beyond the
-encoder's layers), each with a message that names the flag or file and the fix; the data
-checks themselves live in ``acl_fairseq.tasks.input_checks``.
+encoder's layers), a ``--batch-size`` with which the criterion's loss would be plain CE (its
+``check_batch_size``) and an ``--acl-grad-log`` that cannot be written, each with a message
+that names the flag or file and the fix; the data checks themselves live in
+``acl_fairseq.tasks.input_checks``.
 
 ``--group-by-length`` batches examples of similar length together (fairseq's random batches
 pad every example to the batch's longest, which for sentence pairs of uneven length costs
@@ -24,12 +26,13 @@ about twice the tokens).
 import types
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from fairseq.data import SortDataset
 from fairseq.tasks import register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
+from omegaconf import II
 
 from ..acl_grad import AclGrad, AclGradCriterion, AclGradLogConfig
 from ..autocast import AutocastConfig, check_autocast, forward_precision
@@ -52,6 +55,7 @@ class AclSentencePredictionConfig(
             "length (sentence pairs); the batches' composition is then fixed for the run"
         },
     )
+    batch_size: Optional[int] = II("dataset.batch_size")  # for the criterion's set-up check
 
 
 @register_task("acl_sentence_prediction", dataclass=AclSentencePredictionConfig)
@@ -65,6 +69,7 @@ class AclSentencePredictionTask(SentencePredictionTask):
             log_path=cfg.acl_grad_log, log_top_k=cfg.acl_grad_log_top_k, autocast=self.autocast
         )
         self._last_model: weakref.ref | None = None  # for build_criterion's check
+        self.training = True  # False: set up to load a checkpoint (setup_task)
 
     def train_step(
         self, sample, model, criterion, optimizer, update_num, ignore_grad=False, **kwargs
@@ -103,9 +108,12 @@ class AclSentencePredictionTask(SentencePredictionTask):
         check_dictionaries(cfg)
         task = super().setup_task(cfg, **kwargs)
         loading = bool(kwargs.get("from_checkpoint"))  # loading a checkpoint, not training
+        task.training = not loading
         if not cfg.regression_target:
             check_num_classes(cfg.num_classes, task.label_dictionary, cfg.data, loading)
         record_training_data(task, loading)  # the data folder and labels, in the checkpoint
+        if not loading:
+            task.acl_grad.check_log_path()  # --acl-grad-log's folder, before the first update
         return task
 
     def load_dataset(self, split, combine=False, **kwargs):
@@ -138,6 +146,9 @@ class AclSentencePredictionTask(SentencePredictionTask):
         if model is not None and isinstance(criterion, AclGradCriterion):
             criterion.check_model(model)
             self.acl_grad.check_model(model, criterion.acl_grad)
+        check_batch_size = getattr(criterion, "check_batch_size", None)
+        if self.training and not from_checkpoint and check_batch_size is not None:
+            check_batch_size(getattr(self.cfg, "batch_size", None), self.cfg.num_classes)
         return criterion
 
 

@@ -14,6 +14,7 @@ from fairseq.data import data_utils
 
 from ..checkpoint.training_data import dictionary_labels as _labels
 from ..data.splits import raw_files
+from ..errors import AclFileNotFoundError, AclValueError
 
 logger = logging.getLogger(__name__)
 
@@ -26,12 +27,12 @@ def check_num_classes(num_classes: int, label_dictionary, data: str, loading: bo
         return
     listed = f"{', '.join(labels[:10])}{'...' if len(labels) > 10 else ''}"
     if loading:
-        raise ValueError(
+        raise AclValueError(
             f"the checkpoint classifies into {num_classes} classes, but {data}/label/dict.txt "
             f"lists {len(labels)} labels ({listed}): give the prepared data folder it was "
             "trained on (acl-fairseq-predict --data, from_pretrained(data_name_or_path=...))"
         )
-    raise ValueError(
+    raise AclValueError(
         f"--num-classes {num_classes} does not match {data}/label/dict.txt, which lists "
         f"{len(labels)} labels ({listed}); pass --num-classes {len(labels)}"
     )
@@ -49,15 +50,15 @@ def check_dictionaries(cfg) -> None:
     if not os.path.exists(path):
         raw = raw_files(cfg.data)
         if raw:
-            raise FileNotFoundError(
+            raise AclFileNotFoundError(
                 f"{cfg.data} holds raw files ({raw}), not binarized data: prepare it first "
                 "with acl-fairseq-prepare (--task custom --train ... for your own TSV files, "
                 "--glue-dir ... for GLUE) and train on the OUT/TASK-bin folder it writes"
             )
-        raise FileNotFoundError(f"{path} not found: {layout}. Is {cfg.data} the data directory?")
+        raise AclFileNotFoundError(f"{path} not found: {layout}. Is {cfg.data} the data directory?")
     path = os.path.join(cfg.data, "label", "dict.txt")
     if not cfg.regression_target and not os.path.exists(path):
-        raise FileNotFoundError(
+        raise AclFileNotFoundError(
             f"{path} not found: {layout}. Binarize the labels with fairseq-preprocess "
             f"--only-source --trainpref RAW/train.label --validpref RAW/valid.label --destdir "
             f"{cfg.data}/label (or pass --regression-target for a regression task)."
@@ -91,7 +92,7 @@ def check_split_files(cfg, split: str, dictionary, label_dictionary, combine=Fal
     data = cfg.data
     input0 = _load_split(data, "input0", split, dictionary, combine)
     if input0 is None:
-        raise FileNotFoundError(
+        raise AclFileNotFoundError(
             f"{data}/input0/{split}.bin/.idx not found: binarize the inputs of split '{split}' "
             f"into {data}/input0 (fairseq-preprocess --only-source --srcdict "
             f"{data}/input0/dict.txt), or name the splits with --train-subset / --valid-subset"
@@ -100,7 +101,7 @@ def check_split_files(cfg, split: str, dictionary, label_dictionary, combine=Fal
     input1_dir = os.path.join(data, "input1")
     if input1 is None and os.path.isdir(input1_dir):
         if any(f.endswith(".idx") for f in os.listdir(input1_dir)):
-            raise FileNotFoundError(
+            raise AclFileNotFoundError(
                 f"{input1_dir}/{split}.bin/.idx not found, but {input1_dir}/ holds the second "
                 f"sentences of other splits (a sentence-pair task): split '{split}' would be "
                 f"read as single sentences. Binarize its second sentences with fairseq-preprocess "
@@ -115,7 +116,7 @@ def check_split_files(cfg, split: str, dictionary, label_dictionary, combine=Fal
     if not cfg.regression_target:
         label = _load_split(data, "label", split, label_dictionary, combine)
         if label is None:
-            raise FileNotFoundError(
+            raise AclFileNotFoundError(
                 f"{data}/label/{split}.bin/.idx not found: binarize the labels of split "
                 f"'{split}' into {data}/label (fairseq-preprocess --only-source --srcdict "
                 f"{data}/label/dict.txt --destdir {data}/label)"
@@ -127,7 +128,7 @@ def check_split_files(cfg, split: str, dictionary, label_dictionary, combine=Fal
         counts["label"] = len(label)
     if len(set(counts.values())) > 1:
         found = ", ".join(f"{n} in {data}/{key}/{split}" for key, n in counts.items())
-        raise ValueError(
+        raise AclValueError(
             f"split '{split}' has different numbers of examples: {found}. The raw files must "
             "have one line per example each; fix them and binarize again"
         )
@@ -142,7 +143,7 @@ def check_split_files(cfg, split: str, dictionary, label_dictionary, combine=Fal
                 problems.append(
                     f"{several.sum()} with more than one token (line {_first_lines(several)})"
                 )
-            raise ValueError(
+            raise AclValueError(
                 f"{data}/label/{split}: {' and '.join(problems)} of {len(sizes)} label lines; "
                 f"every line of the raw {split}.label must hold exactly one label. Fix the raw "
                 "file and binarize it again"
@@ -206,7 +207,7 @@ def check_labels_known(data: str, split: str, label, label_dictionary) -> None:
     raw = _raw_labels(data, len(tokens), lines, label_dictionary)
     known = _labels(label_dictionary)
     more = ", ..." if unknown.sum() > len(lines) else ""
-    raise ValueError(
+    raise AclValueError(
         f"{data}/label/{split}.bin: {unknown.sum()} of {len(tokens)} labels are not in "
         f"{data}/label/dict.txt (binarized as <unk>): line{'s' if len(lines) > 1 else ''} "
         f"{', '.join(map(str, lines))}{more}"
@@ -236,7 +237,7 @@ def check_lengths(cfg, split: str, sizes) -> None:
             f"--shorten-method {method} is not applied to '{split}' (--shorten-data-split-list "
             f"{cfg.shorten_data_split_list}): add it, or leave the list empty for every split"
         )
-    raise ValueError(
+    raise AclValueError(
         f"split '{split}': {too_long.sum()} of {len(sizes)} examples are longer than "
         f"--max-positions {max_positions} tokens (the longest has {sizes.max()}, counting <s> "
         f"and separators); {fix}"

@@ -1,0 +1,136 @@
+"""Checkpoint files that appear whole: fairseq's checkpoint writes and copies, made atomic.
+
+fairseq-train saves a checkpoint with ``torch.save`` into the first of its files
+(``checkpoint_E_U.pt``, ``checkpointE.pt`` or ``checkpoint_last.pt``), then copies it to the
+others (``checkpoint_best.pt``, ``checkpoint_last.pt``) with ``PathManager.copy``, a
+``shutil.copyfile`` that writes the destination in place: a process killed during the copy
+leaves a truncated or empty ``checkpoint_last.pt``, and the next run cannot resume.
+
+:func:`install` makes both go through :func:`replace_atomically` for local files: the bytes
+are written to ``NAME.tmp`` beside the file, flushed to disk, then ``os.replace``'d onto
+``NAME``, so a reader finds the previous file or the new one, never a part of one. A kill
+leaves at most a ``NAME.tmp``; the next training in the folder removes it
+(:func:`remove_leftovers`, under the save folder's lock). Remote paths (fairseq's
+``PathManager`` URIs) and ``--write-checkpoints-asynchronously`` keep fairseq's own code.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from collections.abc import Callable
+
+import torch
+from fairseq import checkpoint_utils
+from fairseq.file_io import PathManager
+
+__all__ = ["TMP_SUFFIX", "install", "leftovers", "remove_leftovers", "replace_atomically"]
+
+#: What a file being written is called until it is complete: ``NAME`` + this.
+TMP_SUFFIX = ".tmp"
+
+
+def _fsync_dir(folder: str) -> None:
+    """Makes a rename in ``folder`` durable (where the file system allows it)."""
+    try:
+        fd = os.open(folder or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def replace_atomically(path: str, write: Callable[[str], None]) -> None:
+    """Runs ``write(tmp)`` to create ``tmp = path + TMP_SUFFIX`` in full, flushes it to disk
+    and renames it onto ``path`` (one ``os.replace``). On an exception the temporary file is
+    removed and ``path`` is left as it was."""
+    tmp = path + TMP_SUFFIX
+    try:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync_dir(os.path.dirname(path))
+
+
+def _torch_save_to(obj: object) -> Callable[[str], None]:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+
+    return write
+
+
+def _is_local(path: str) -> bool:
+    return not PathManager.path_requires_pathmanager(str(path))
+
+
+def _atomic_persistent_save(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def torch_persistent_save(obj, filename, async_write: bool = False):
+        if async_write or not _is_local(filename):
+            return original(obj, filename, async_write)
+        replace_atomically(str(filename), _torch_save_to(obj))
+
+    torch_persistent_save._acl_fairseq_atomic = True  # type: ignore[attr-defined]
+    return torch_persistent_save
+
+
+def _atomic_copy(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        if not (_is_local(src_path) and _is_local(dst_path)):
+            return original(src_path, dst_path, overwrite)
+        replace_atomically(str(dst_path), functools.partial(shutil.copyfile, str(src_path)))
+        return True
+
+    copy._acl_fairseq_atomic = True  # type: ignore[attr-defined]
+    return copy
+
+
+def install() -> None:
+    """Idempotent: fairseq's ``checkpoint_utils.torch_persistent_save`` (every checkpoint the
+    trainer writes) and ``PathManager.copy`` (its copies to ``checkpoint_best.pt`` /
+    ``checkpoint_last.pt``) replace their file atomically."""
+    current = checkpoint_utils.torch_persistent_save
+    if not getattr(current, "_acl_fairseq_atomic", False):
+        checkpoint_utils.torch_persistent_save = _atomic_persistent_save(current)
+    current = PathManager.copy
+    if not getattr(current, "_acl_fairseq_atomic", False):
+        PathManager.copy = staticmethod(_atomic_copy(current))
+
+
+def leftovers(save_dir: str) -> list[str]:
+    """The incomplete checkpoint files (``*.pt.tmp``) an interrupted save left in
+    ``save_dir``, sorted."""
+    try:
+        names = os.listdir(save_dir)
+    except OSError:
+        return []
+    suffix = ".pt" + TMP_SUFFIX
+    return sorted(os.path.join(save_dir, n) for n in names if n.endswith(suffix))
+
+
+def remove_leftovers(save_dir: str) -> list[str]:
+    """Removes :func:`leftovers` (call it only while holding the folder's lock: a running
+    save's temporary file is a leftover too); returns what was removed."""
+    removed = []
+    for path in leftovers(save_dir):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed

@@ -1,0 +1,111 @@
+"""The plugin's own errors, and how fairseq's commands print them.
+
+An :class:`AclFairseqError` is raised by one of the plugin's checks (a flag, a file, a data
+folder or a save folder that cannot work); its message names the flag or file and the fix.
+Raised in a fairseq command (``fairseq-train``, ``fairseq-validate``, ...), it is printed as one
+line, ``fairseq-train: error: MESSAGE``, without the traceback, which only says where the
+check sits in the plugin (:func:`install_excepthook`); also when a worker that fairseq spawned
+(one per GPU) raised it. ``ACL_FAIRSEQ_TRACEBACK=1`` prints the full traceback, for debugging.
+Any other exception keeps Python's traceback.
+
+The concrete kinds also derive from the built-in exception they replace (``ValueError``,
+``FileNotFoundError``, ...), so ``except ValueError`` keeps catching them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import TracebackType
+
+__all__ = [
+    "TRACEBACK_ENV",
+    "AclFairseqError",
+    "AclFileNotFoundError",
+    "AclIsADirectoryError",
+    "AclRuntimeError",
+    "AclValueError",
+    "install_excepthook",
+    "plugin_message",
+]
+
+#: Set to 1 (or any value but 0) to print the traceback of an :class:`AclFairseqError`.
+TRACEBACK_ENV = "ACL_FAIRSEQ_TRACEBACK"
+
+
+class AclFairseqError(Exception):
+    """An error of the plugin's checks: the message names the flag or file and the fix."""
+
+
+class AclValueError(AclFairseqError, ValueError):
+    """A flag, a value or an input that cannot work."""
+
+
+class AclFileNotFoundError(AclFairseqError, FileNotFoundError):
+    """A file or folder that a flag names, or that the data needs, is not there."""
+
+
+class AclIsADirectoryError(AclFairseqError, IsADirectoryError):
+    """A flag names a folder where a file is needed."""
+
+
+class AclRuntimeError(AclFairseqError, RuntimeError):
+    """A state of the run (a save folder in use, a model built with another option) that
+    stops it."""
+
+
+def plugin_message(error: BaseException) -> str | None:
+    """The message of an :class:`AclFairseqError`: ``error`` itself, or the last line of the
+    traceback that torch's ``ProcessRaisedException`` carries from a spawned worker
+    (``acl_fairseq.errors.AclValueError: MESSAGE``); None for any other exception."""
+    if isinstance(error, AclFairseqError):
+        return str(error)
+    if type(error).__name__ != "ProcessRaisedException" or not error.args:
+        return None
+    last = str(error.args[0]).rstrip().rsplit("\n", 1)[-1]
+    name, sep, message = last.partition(": ")
+    module, _, kind = name.rpartition(".")
+    if not sep or not module.startswith("acl_fairseq"):
+        return None
+    try:
+        cls = getattr(importlib.import_module(module), kind)
+    except (ImportError, AttributeError):
+        return None
+    return message if isinstance(cls, type) and issubclass(cls, AclFairseqError) else None
+
+
+def _traceback_wanted() -> bool:
+    return os.environ.get(TRACEBACK_ENV, "").strip() not in ("", "0")
+
+
+def _prog() -> str:
+    return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+
+
+def install_excepthook(prog: str | None = None) -> bool:
+    """In a fairseq command (``prog``, default the running program's name, starts with
+    ``fairseq``), prints an uncaught :class:`AclFairseqError` (see :func:`plugin_message`) as
+    ``PROG: error: MESSAGE`` on stderr, the way argparse reports a bad command line (the exit
+    status stays 1); other exceptions go to the previous hook. Idempotent; returns
+    whether the hook is installed. Elsewhere (a Python session, the plugin's own tools, which
+    print their errors themselves) nothing changes."""
+    if not (prog or _prog()).startswith("fairseq"):
+        return False
+    if getattr(sys.excepthook, "_acl_fairseq", False):
+        return True
+    previous = sys.excepthook
+
+    def excepthook(
+        kind: type[BaseException], value: BaseException, tb: TracebackType | None
+    ) -> None:
+        message = None if _traceback_wanted() else plugin_message(value)
+        if message is None:
+            previous(kind, value, tb)
+            return
+        sys.stderr.write(f"{prog or _prog()}: error: {message}\n")
+        sys.stderr.flush()
+
+    excepthook._acl_fairseq = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook
+    return True

@@ -1,0 +1,126 @@
+"""kill -9 at many moments of a tiny training, during updates and during every step of its
+saves, then the same command again: every resume succeeds, loses at most the updates since the
+last completed save, and ends with the same model as a run that was never killed.
+
+The kills come from tests/patched_fairseq_train.py (``kill_at``), which hooks ``torch.save``,
+``shutil.copyfile``, ``os.rename`` / ``os.replace`` and the trainer's update: the same moments
+exist in fairseq's own saving code and in the plugin's (acl_fairseq/checkpoint/atomic_files.py).
+Stock fairseq copies ``checkpoint_last.pt`` in place, so a kill during that copy left a
+truncated file that no resume could read.
+
+The run: 14 updates, 12 per epoch, a checkpoint every 5 updates (``--keep-interval-updates
+1``), the end of epoch 1, and the final save; ``checkpoint_best.pt`` by dev accuracy.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from acl_fairseq.checkpoint.atomic_files import leftovers
+from acl_fairseq.checkpoint.run_lock import LOCK_FILE
+
+from fairseq_helpers import (
+    PATCHED_TRAIN,
+    REPO,
+    fairseq_train,
+    train_args,
+    train_command,
+    trained_updates,
+)
+
+MAX_UPDATE = 14
+ARGS = train_args(
+    criterion="acl_embed",
+    batch_size=32,
+    max_update=MAX_UPDATE,
+    save_interval_updates=5,
+    keep_interval_updates=1,
+    best_checkpoint_metric="accuracy",
+    maximize_best_checkpoint_metric=True,
+)
+# (ACL_TEST_KILL_AT, the moment in words)
+MOMENTS = [
+    ("update:*:3", "training update 3 (nothing saved yet)"),
+    ("save:*:1", "writing checkpoint_1_5.pt (1st save, update 5)"),
+    ("copy:checkpoint_best.pt:1", "copying to checkpoint_best.pt (update 5)"),
+    ("copy:checkpoint_last.pt:1", "copying to checkpoint_last.pt (update 5)"),
+    ("update:*:8", "training update 8"),
+    ("replace:checkpoint_1_10.pt:1", "checkpoint_1_10.pt written, before its rename"),
+    ("copy:checkpoint_last.pt:2", "copying to checkpoint_last.pt (update 10)"),
+    ("save:checkpoint1.pt:1", "writing checkpoint1.pt (end of epoch 1, update 12)"),
+    ("replace:checkpoint_last.pt:3", "checkpoint_last.pt copied (update 12), before its rename"),
+    ("save:*:4", "writing the final checkpoint (update 14)"),
+]
+SAVED = re.compile(r"Saved checkpoint \S+ \(epoch \d+ @ (\d+) updates")
+LOADED = re.compile(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)")
+
+
+def killed_run(data, save_dir, moment: str) -> str:
+    """The training, killed at ``moment``; its output."""
+    cmd = [sys.executable, str(PATCHED_TRAIN), *train_command(data, save_dir, *ARGS)[1:]]
+    env = {"OMP_NUM_THREADS": "1", "ACL_TEST_PATCHES": "kill_at", "ACL_TEST_KILL_AT": moment}
+    env = {**os.environ, **env}
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == -signal.SIGKILL, f"{moment}: not killed\n{out[-3000:]}"
+    return out
+
+
+def model_of(path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+@pytest.mark.slow
+def test_kill_9_anywhere_then_resume(sentiment_data, tmp_path):
+    reference = tmp_path / "reference"
+    out = fairseq_train(sentiment_data, reference, *ARGS)
+    assert trained_updates(out)[-1] == MAX_UPDATE
+    expected = model_of(reference / "checkpoint_last.pt")
+
+    rows, failures = [], []
+    for i, (moment, words) in enumerate(MOMENTS):
+        save_dir = tmp_path / f"kill{i}"
+        out = killed_run(sentiment_data, save_dir, moment)
+        done = max(trained_updates(out), default=0)
+        last_saved = max((int(u) for u in SAVED.findall(out)), default=0)
+        left = [p.rsplit("/", 1)[-1] for p in leftovers(str(save_dir))]
+        try:
+            resumed = fairseq_train(sentiment_data, save_dir, *ARGS)
+        except AssertionError as e:  # the command failed
+            rows.append((words, "no: " + str(e).splitlines()[-1][:90], "-"))
+            failures.append(moment)
+            continue
+        loaded = LOADED.findall(resumed)
+        start = int(loaded[0]) if loaded else 0
+        lost = done - start
+        rows.append((words, f"yes, from update {start}" if start else "yes, from the start",
+                     str(lost)))  # fmt: skip
+        problems = []
+        if lost > done - last_saved:
+            problems.append(f"lost {lost} updates, {done - last_saved} since the last save")
+        if trained_updates(resumed)[-1] != MAX_UPDATE:
+            problems.append("did not train to the end")
+        if "ended without releasing it" not in resumed:  # the killed run's lock, taken over
+            problems.append("the stale lock was not reported")
+        if left and not all(f"removed {save_dir / name}" in resumed for name in left):
+            problems.append(f"leftovers {left} not removed and named")
+        if leftovers(str(save_dir)) or (save_dir / LOCK_FILE).exists():
+            problems.append("a .tmp file or the lock file is left")
+        final = model_of(save_dir / "checkpoint_last.pt")
+        if final.keys() != expected.keys() or any(
+            not torch.equal(final[k], expected[k]) for k in final
+        ):
+            problems.append("another model than the run never killed")
+        if problems:
+            failures.append(f"{moment}: {'; '.join(problems)}")
+
+    table = ["| kill moment | resumed? | updates lost |", "| --- | --- | --- |"]
+    table += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    print("\n" + "\n".join(table))
+    assert not failures, "\n".join(table + failures)
