@@ -221,6 +221,9 @@ def test_ce_scl_with_few_positives_per_batch_is_warned_about(sentiment_data, cap
 
 def test_ce_scl_batch_size_is_not_checked_when_loading_a_checkpoint(sentiment_data):
     """fairseq-validate builds the criterion with its own --batch-size (1 is fine there)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
     parsed = options.parse_args_and_arch(
         options.get_training_parser(),
         [str(sentiment_data), "--num-classes", "2",
