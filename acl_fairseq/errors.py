@@ -28,6 +28,7 @@ __all__ = [
     "AclValueError",
     "install_excepthook",
     "plugin_message",
+    "traceback_wanted",
 ]
 
 #: Set to 1 (or any value but 0) to print the traceback of an :class:`AclFairseqError`.
@@ -75,7 +76,8 @@ def plugin_message(error: BaseException) -> str | None:
     return message if isinstance(cls, type) and issubclass(cls, AclFairseqError) else None
 
 
-def _traceback_wanted() -> bool:
+def traceback_wanted() -> bool:
+    """Whether ``ACL_FAIRSEQ_TRACEBACK`` asks for the full traceback of the plugin's errors."""
     return os.environ.get(TRACEBACK_ENV, "").strip() not in ("", "0")
 
 
@@ -99,7 +101,7 @@ def install_excepthook(prog: str | None = None) -> bool:
     def excepthook(
         kind: type[BaseException], value: BaseException, tb: TracebackType | None
     ) -> None:
-        message = None if _traceback_wanted() else plugin_message(value)
+        message = None if traceback_wanted() else plugin_message(value)
         if message is None:
             previous(kind, value, tb)
             return

@@ -18,6 +18,7 @@ from acl_fairseq.cli.compare import plan, report
 from acl_fairseq.cli.compare import run as runner
 from acl_fairseq.console.help_format import HelpFormatter
 from acl_fairseq.data.splits import count_classes, count_examples
+from acl_fairseq.errors import AclValueError
 from acl_fairseq.experiment import fairseq_log
 from acl_fairseq.experiment.mean_std import error_bar, fmt, fmt_mean_std, summarize
 from acl_fairseq.experiment.recipe import CONTRASTIVE_METHODS, METHODS, multi_exit_arch
@@ -122,7 +123,7 @@ def test_arch_args():
     assert multi_exit_arch(["--arch", "multi_exit_roberta_tiny"])[1] == ("multi_exit_roberta_tiny")
     with pytest.raises(ValueError, match="no multi-exit variant"):
         multi_exit_arch(["--arch", "transformer"])
-    with pytest.raises(SystemExit, match="no --arch"):
+    with pytest.raises(AclValueError, match="no --arch"):
         plan.read_arch_args(None, "--encoder-layers 2")
 
 
@@ -373,5 +374,5 @@ def test_a_run_from_another_checkout_is_not_trained_with_other_flags(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"train_command": saved}))
     moved = ["/b/bin/fairseq-train", "DATA", "--user-dir", "/b/acl_fairseq", "--lr", "1e-4"]
     runner.check_same_flags(run, tmp_path, moved)  # another machine, another worktree: the same run
-    with pytest.raises(SystemExit, match=r"only then: --lr 1e-4; only now: --lr 2e-4"):
+    with pytest.raises(AclValueError, match=r"only then: --lr 1e-4; only now: --lr 2e-4"):
         runner.check_same_flags(run, tmp_path, [*moved[:-1], "2e-4"])

@@ -4,8 +4,9 @@ from train, a training file of one class; and its output as a user sees it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import logging
 from pathlib import Path
 
 import pytest
@@ -21,29 +22,23 @@ def run_main(argv: list) -> int:
 
 
 def custom(tmp_path: Path, train: str, valid: str, *flags: str) -> tuple[int, str]:
-    """acl-fairseq-prepare --task custom on the two file contents; (exit code, first error)."""
+    """acl-fairseq-prepare --task custom on the two file contents; (exit code, its error)."""
     (tmp_path / "train.tsv").write_text(train, encoding="utf-8")
     (tmp_path / "dev.tsv").write_text(valid, encoding="utf-8")
     argv = ["--task", "custom", "--train", tmp_path / "train.tsv", "--valid", tmp_path / "dev.tsv",
             "--text-columns", "1", "--label-column", "2", "--out-dir", tmp_path / "out",
             *SPM_ARGS, *flags]  # fmt: skip
-    logger = logging.getLogger("prepare_glue")
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger.addHandler(handler)
-    try:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
         code = run_main(argv)
-    finally:
-        logger.removeHandler(handler)
-    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR]
-    return code, errors[0] if errors else ""
+    _, prefix, error = err.getvalue().partition("acl-fairseq-prepare: error: ")
+    return code, error.removesuffix("\n") if prefix else ""
 
 
 def test_a_forgotten_header_is_not_a_class(tmp_path: Path) -> None:
     """Without --header the header line would add a class named after the label column."""
     code, error = custom(tmp_path, "text\tlabel\n" + ROWS, "text\tlabel\n" + ROWS)
-    assert code == 1
+    assert code == 2
     assert error == (
         f"custom: {tmp_path / 'train.tsv'} line 1 has the label 'label', which no other line "
         "has: it looks like a header line (the column names). Pass --header to skip it; if "
@@ -57,7 +52,7 @@ def test_a_forgotten_header_is_not_a_class(tmp_path: Path) -> None:
 def test_a_file_without_a_usable_row_says_why(tmp_path: Path) -> None:
     comma = "".join(f"the film number{i} .,{'pos' if i % 2 else 'neg'}\n" for i in range(4))
     code, error = custom(tmp_path, comma, ROWS)
-    assert code == 1
+    assert code == 2
     assert error == (
         f"custom: none of the 4 rows of {tmp_path / 'train.tsv'} is usable: 4 row(s): missing "
         "field: expected 2 tab-separated fields (column 2 needed), found 1 (e.g. line 1). Check "
@@ -70,7 +65,7 @@ def test_a_file_without_a_usable_row_says_why(tmp_path: Path) -> None:
 def test_a_dev_file_of_another_layout(tmp_path: Path) -> None:
     with_id = "".join(f"{i}\t{line}\n" for i, line in enumerate(ROWS.splitlines()))
     code, error = custom(tmp_path, ROWS, with_id)
-    assert code == 1
+    assert code == 2
     assert error == (
         f"custom: {tmp_path / 'dev.tsv'} has 3 tab-separated columns, {tmp_path / 'train.tsv'} "
         "has 2: both are read with the same --text-columns / --label-column, so one of them "
@@ -90,7 +85,7 @@ def test_one_label_written_two_ways_is_not_two_classes(tmp_path: Path) -> None:
     train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
     mixed = "\n".join(rows[:3] + ["the film number3 .\t1.0"] + rows[4:]) + "\n"
     code, error = custom(tmp_path, mixed, "\n".join(rows) + "\n")
-    assert code == 1
+    assert code == 2
     assert error == (
         f"custom: the labels '1' ({train} line 2) and '1.0' ({train} line 4) are one class "
         "written two ways, so they would be two classes: write each class one way in the label "
@@ -108,21 +103,21 @@ def test_a_class_missing_from_train_is_named_and_never_dropped(tmp_path: Path) -
     cannot predict that class without it."""
     dev = ROWS + "a new film .\tneutral\nanother one .\tneutral\n"
     code, error = custom(tmp_path, ROWS, dev)
-    assert code == 1
+    assert code == 2
     assert error == (
         f"custom: {tmp_path / 'dev.tsv'} has the class(es) 'neutral' (2 row(s), e.g. line 9), "
         f"missing from the training file {tmp_path / 'train.tsv'}: a model trained on it could "
         "never predict them. Add examples of each class to the training file (or correct those "
         "labels)"
     )
-    assert custom(tmp_path, ROWS, dev, "--skip-bad-rows") == (1, error)
+    assert custom(tmp_path, ROWS, dev, "--skip-bad-rows") == (2, error)
     assert not (tmp_path / "out" / "custom-bin").exists()
 
 
 def test_a_training_file_of_one_class_stops(tmp_path: Path) -> None:
     one = "".join(f"the film number{i} .\tpos\n" for i in range(8))
     assert custom(tmp_path, one, one) == (
-        1,
+        2,
         f"custom: every row of {tmp_path / 'train.tsv'} has the label 'pos': a classifier "
         "needs examples of at least two classes (check the label column)",
     )

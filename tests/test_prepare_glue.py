@@ -271,13 +271,17 @@ def write_bad_rte(glue: Path) -> Path:
     return folder
 
 
-def test_bad_rows_reported_then_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_bad_rows_reported_then_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture
+) -> None:
     glue, out = tmp_path / "glue", tmp_path / "out"
     folder = write_bad_rte(glue)
     argv = ["--glue-dir", glue, "--out-dir", out, "--tasks", "RTE"] + SPM_ARGS
     with caplog.at_level(logging.WARNING, logger="prepare_glue"):
-        assert run_main(argv) == 1
-    message = caplog.text
+        assert run_main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("acl-fairseq-prepare: error: ")
+    message = caplog.text + error
     train = str(folder / "train.tsv")
     assert "3 bad row(s)" in message
     assert f"{train}:4: missing field" in message
@@ -368,9 +372,7 @@ def test_custom_wordpiece(tmp_path: Path) -> None:
         prepared.meta_tokenizer(moved)
 
 
-def test_srcdict_of_another_vocabulary_stops(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_srcdict_of_another_vocabulary_stops(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A --srcdict that does not belong to the tokenizer: most tokens would be <unk>."""
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tokens = ["the", "movie", "was", "great", "bad", "!", "plot", "##s", "good", "."]
@@ -383,12 +385,13 @@ def test_srcdict_of_another_vocabulary_stops(
             "--label-column", "2", "--header", "--out-dir", tmp_path / "out",
             "--tokenizer", "wordpiece", "--vocab", tmp_path / "vocab.txt",
             "--workers", "1"]  # fmt: skip
-    with caplog.at_level(logging.ERROR, logger="prepare_glue"):
-        assert run_main(argv + ["--srcdict", tmp_path / "other.txt"]) == 1
+    assert run_main(argv + ["--srcdict", tmp_path / "other.txt"]) == 2
+    error = capsys.readouterr().err
     # 3 of the 5 tokens of every line (movie, great, !) are not in other.txt
-    assert "custom: 60.0% of the train tokens (18 of 30) are not in --srcdict" in caplog.text
-    assert "(--tokenizer wordpiece --vocab)" in caplog.text
-    assert "Use the dict.txt that matches the tokenizer" in caplog.text
+    assert error.startswith("acl-fairseq-prepare: error: custom: 60.0% of the train tokens (18 "
+                            "of 30) are not in --srcdict")  # fmt: skip
+    assert "(--tokenizer wordpiece --vocab)" in error
+    assert "Use the dict.txt that matches the tokenizer" in error
     assert not (tmp_path / "out/custom-bin/input0/train.bin").exists()
     # the matching dictionary passes
     (tmp_path / "dict.txt").write_text("".join(f"{t} 1\n" for t in tokens))
@@ -438,16 +441,16 @@ def test_parallel_tokenization_keeps_order(tmp_path: Path) -> None:
     assert lines[1][0].replace(" ", "").replace("\u2581", " ").strip() == corpus[17]
 
 
-def test_argument_errors(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR, logger="prepare_glue"):
-        assert run_main(["--out-dir", tmp_path, "--tokenizer", "gpt2", "--glue-dir", tmp_path]) == 1
-        assert "needs --gpt2-encoder-json" in caplog.text
-        assert run_main(["--out-dir", tmp_path, "--tokenizer", "sentencepiece", "--tasks", "XX",
-                         "--glue-dir", tmp_path]) == 1  # fmt: skip
-        assert "unknown task 'XX'" in caplog.text
-        assert run_main(["--out-dir", tmp_path, "--tokenizer", "sentencepiece", "--tasks", "RTE",
-                         "--glue-dir", tmp_path]) == 1  # fmt: skip
-        assert "missing input file" in caplog.text
-        assert run_main(["--out-dir", tmp_path, "--tokenizer", "sentencepiece", "--task",
-                         "custom"]) == 1  # fmt: skip
-        assert "--task custom needs" in caplog.text
+def test_argument_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    def error(*argv) -> str:
+        assert run_main(["--out-dir", tmp_path, *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("acl-fairseq-prepare: error: ") and err.count("\n") == 1, err
+        return err
+
+    assert "needs --gpt2-encoder-json" in error("--tokenizer", "gpt2", "--glue-dir", tmp_path)
+    assert "unknown task 'XX'" in error("--tokenizer", "sentencepiece", "--tasks", "XX",
+                                        "--glue-dir", tmp_path)  # fmt: skip
+    assert "missing input file" in error("--tokenizer", "sentencepiece", "--tasks", "RTE",
+                                         "--glue-dir", tmp_path)  # fmt: skip
+    assert "--task custom needs" in error("--tokenizer", "sentencepiece", "--task", "custom")

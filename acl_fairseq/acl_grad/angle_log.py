@@ -48,13 +48,13 @@ class AngleRecord(NamedTuple):
         """Reads lines of 3 columns (no heads-only angle: nan), 4, or 4 + ``K:angle``."""
         parts = line.rstrip("\n").split("\t")
         if len(parts) < 3:
-            raise ValueError(f"not an ACL-Grad angle-log line: {line!r}")
+            raise AclValueError(f"not an ACL-Grad angle-log line: {line!r}")
         head = float(parts[3]) if len(parts) > 3 else float("nan")
         top = []
         for part in parts[4:]:
             k, sep, angle = part.partition(":")
             if not sep or not k.isdigit():
-                raise ValueError(f"not a 'K:angle' column of an ACL-Grad angle log: {line!r}")
+                raise AclValueError(f"not a 'K:angle' column of an ACL-Grad angle log: {line!r}")
             top.append((int(k), float(angle)))
         return cls(int(parts[0]), float(parts[1]), bool(int(parts[2])), head, tuple(top))
 

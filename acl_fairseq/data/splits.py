@@ -17,6 +17,8 @@ import torch
 from fairseq.data import BaseWrapperDataset
 from torch import Tensor
 
+from ..errors import AclFileNotFoundError, AclValueError
+
 __all__ = [
     "DEV_SEED_OFFSET",
     "FirstExamples",
@@ -135,10 +137,12 @@ def check_split(data: str | Path, split: str) -> None:
     """Raise ``ValueError`` (naming ``--split`` / ``--data``) unless ``split`` is binarized."""
     input0 = Path(data) / "input0"
     if not input0.is_dir():
-        raise ValueError(f"--data {data}: no input0/ folder (a binarized sentence_prediction dir)")
+        raise AclValueError(
+            f"--data {data}: no input0/ folder (a binarized sentence_prediction dir)"
+        )
     if not (input0 / f"{split}.idx").is_file():
         found = ", ".join(sorted(p.stem for p in input0.glob("*.idx"))) or "none"
-        raise ValueError(
+        raise AclValueError(
             f"--split {split}: {input0}/{split}.bin/.idx not found (splits there: {found}); "
             "pick one with --split"
         )
@@ -151,7 +155,7 @@ def count_examples(data: Path, split: str = "train") -> int:
     """
     idx = data / "input0" / f"{split}.idx"
     if not idx.exists():
-        raise FileNotFoundError(
+        raise AclFileNotFoundError(
             f"{idx} not found: is {data} a binarized sentence_prediction dataset?"
         )
     with open(idx, "rb") as f:
@@ -171,7 +175,7 @@ def count_classes(data: Path) -> int:
     """
     path = data / "label" / "dict.txt"
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: pass --num-classes")
+        raise AclFileNotFoundError(f"{path} not found: pass --num-classes")
     n = 0
     for line in path.read_text(encoding="utf-8").splitlines():
         parts = line.split()
@@ -214,7 +218,7 @@ def load_batches(
         for sample in itr
     ]
     if not batches:
-        raise ValueError(f"split {split!r} has no examples")
+        raise AclValueError(f"split {split!r} has no examples")
     return batches
 
 

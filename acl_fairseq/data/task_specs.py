@@ -9,12 +9,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import AclFairseqError
+
 logger = logging.getLogger("prepare_glue")
 
 MAX_LISTED_BAD_ROWS = 20
 
 
-class DataError(Exception):
+class DataError(AclFairseqError):
     """A user-facing problem with the input data or the arguments (reported without traceback)."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import AclValueError
 from .prepared import meta_tokenizer
 from .tokenizers import (
     Gpt2Tokenizer,
@@ -34,7 +35,7 @@ from .tokenizers import (
 __all__ = ["EncodeError", "ExampleEncoder", "TextEncoder"]
 
 
-class EncodeError(ValueError):
+class EncodeError(AclValueError):
     """An example the model cannot take (number of texts, length); the message says where."""
 
 

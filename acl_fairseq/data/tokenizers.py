@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..errors import AclValueError
+
 TOKENIZERS = ("gpt2", "wordpiece", "sentencepiece")
 # BERT special tokens -> fairseq specials (the BERT converter drops these five from dict.txt).
 WORDPIECE_SPECIALS = {
@@ -142,7 +144,7 @@ def build_tokenizer(config: TokenizerConfig) -> Tokenizer:
     if config.kind == "sentencepiece":
         assert config.spm_model
         return SentencePieceTokenizer(config.spm_model)
-    raise ValueError(f"unknown tokenizer {config.kind!r}")
+    raise AclValueError(f"unknown tokenizer {config.kind!r}")
 
 
 def text_tokens(tokenizer: Tokenizer, text: str) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ..errors import AclValueError
 from .policies import POLICIES, ConfidencePolicy, ExitPolicy, policy_kind
 
 __all__ = [
@@ -184,7 +185,7 @@ def oracle_exits(exit_logits: ExitLogits, target: Tensor | None = None) -> tuple
     return exit_layers, predictions
 
 
-class TargetError(ValueError):
+class TargetError(AclValueError):
     """No swept threshold reaches the target; the message names the flag and the best value."""
 
 

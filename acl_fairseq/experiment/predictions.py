@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from ..errors import AclValueError
+
 __all__ = [
     "PREDICTIONS_FILE",
     "SplitPredictions",
@@ -133,22 +135,24 @@ def read_predictions(path: str | Path) -> dict[str, SplitPredictions]:
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t"))
     if not rows or rows[0][:3] != ["split", "index", "label"]:
-        raise ValueError(f"{path}: expected the header split<TAB>index<TAB>label<TAB>exitL...")
+        raise AclValueError(f"{path}: expected the header split<TAB>index<TAB>label<TAB>exitL...")
     try:
         layers = [int(name[len("exit") :]) for name in rows[0][3:]]
     except ValueError:
-        raise ValueError(f"{path}: exit columns must be named exitL, got {rows[0][3:]}") from None
+        raise AclValueError(
+            f"{path}: exit columns must be named exitL, got {rows[0][3:]}"
+        ) from None
     if not layers:
-        raise ValueError(f"{path}: no exit column")
+        raise AclValueError(f"{path}: no exit column")
     out: dict[str, SplitPredictions] = {}
     for number, row in enumerate(rows[1:], start=2):
         if len(row) != 3 + len(layers):
             expected = 3 + len(layers)
-            raise ValueError(f"{path} line {number}: {len(row)} columns, expected {expected}")
+            raise AclValueError(f"{path} line {number}: {len(row)} columns, expected {expected}")
         split, index, label, *preds = row
         s = out.setdefault(split, SplitPredictions(split, [], {layer: [] for layer in layers}))
         if int(index) != len(s.labels):
-            raise ValueError(f"{path} line {number}: index {index}, expected {len(s.labels)}")
+            raise AclValueError(f"{path} line {number}: index {index}, expected {len(s.labels)}")
         s.labels.append(int(label))
         for layer, p in zip(layers, preds):
             s.exits[layer].append(int(p))

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import AclValueError
 from .paths import BIN, USER_DIR
 
 __all__ = [
@@ -92,7 +93,7 @@ def criterion_flags(
     methods get ``--exit-layers none``: they train the final exit only."""
     if method not in CRITERIA:
         known = ", ".join((*METHODS, *ABLATIONS))
-        raise ValueError(f"unknown method {method!r}; expected one of {known}")
+        raise AclValueError(f"unknown method {method!r}; expected one of {known}")
     flags = ["--criterion", CRITERIA[method]]
     if method in CONTRASTIVE_METHODS:
         flags += _flag("--contrastive-lambda", lam)
@@ -111,7 +112,7 @@ def _multi_exit_name(arch: str) -> str:
         return arch
     if arch in MULTI_EXIT_ARCH:
         return MULTI_EXIT_ARCH[arch]
-    raise ValueError(
+    raise AclValueError(
         f"--arch {arch} has no multi-exit variant: use roberta, roberta_base, roberta_large "
         "or a multi_exit_roberta* arch"
     )
@@ -311,11 +312,11 @@ def glue_recipe(task: str, method: str | None = None) -> GlueRecipe:
     recipe = GLUE_RECIPES.get(task.lower().replace("-", "").replace("_", ""))
     if recipe is None:
         known = " ".join(r.folder for r in GLUE_RECIPES.values())
-        raise ValueError(f"unknown task '{task}'; expected one of {known}")
+        raise AclValueError(f"unknown task '{task}'; expected one of {known}")
     if method is not None and method not in METHODS:
-        raise ValueError(f"unknown method '{method}'; expected one of {' '.join(METHODS)}")
+        raise AclValueError(f"unknown method '{method}'; expected one of {' '.join(METHODS)}")
     if method not in (None, "ce") and recipe.regression:
-        raise ValueError(
+        raise AclValueError(
             f"{recipe.folder} is a regression task (--regression-target) and method '{method}' "
             "uses a classification criterion (contrastive losses and per-exit CE need class "
             f"labels); use method 'ce' for {recipe.folder}"

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..errors import AclValueError
 from ..models.heads import DEFAULT_HEAD
 
 logger = logging.getLogger("convert_hf_bert")
@@ -63,7 +64,7 @@ LAYER_MAP: dict[str, str] = {
 }
 
 
-class ConversionError(ValueError):
+class ConversionError(AclValueError):
     """The Hugging Face checkpoint cannot be converted (message says which file/field and why)."""
 
 

@@ -27,6 +27,7 @@ from ..data.prepared import META_FILE, read_meta
 from ..data.splits import raw_files
 from ..data.task_specs import DataError
 from ..data.text_encoder import ExampleEncoder, TextEncoder
+from ..errors import AclValueError
 from .precision import check_precision, prepare_for_inference
 from .saved_policy import SavedPolicy, model_fingerprint, read_policy
 
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 
-class CheckpointError(ValueError):
+class CheckpointError(AclValueError):
     """A checkpoint or data folder that cannot be used; the message names it and the fix."""
 
 

@@ -89,14 +89,16 @@ from acl_fairseq.cli.compare.plan import (
 from acl_fairseq.cli.compare.report import write_report
 from acl_fairseq.cli.compare.run import Progress, RunFailed, execute, train_command
 from acl_fairseq.console.help_format import HelpFormatter
+from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.data.splits import count_classes, count_examples
+from acl_fairseq.errors import AclFileNotFoundError, AclValueError
 from acl_fairseq.experiment.recipe import METHODS, multi_exit_arch
+
+PROG = "acl-fairseq-compare"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="acl-fairseq-compare", description=__doc__, formatter_class=HelpFormatter
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("data", type=Path, help="binarized sentence_prediction data directory")
     p.add_argument("--out", type=Path, default=Path("RESULTS"), help="results folder")
     p.add_argument(
@@ -225,33 +227,32 @@ def _cuda_available() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    opts = build_parser().parse_args(argv)
+    """The ``acl-fairseq-compare`` command; returns the exit status."""
+    return run_tool(PROG, compare, build_parser().parse_args(argv))
+
+
+def compare(opts: argparse.Namespace) -> int:
+    """Plans, trains and evaluates the runs of ``opts``, then writes the report."""
     opts.out = opts.out.resolve()
     if opts.report_only:
         print(f"wrote {write_report(opts.out)}")
         return 0
     opts.data = opts.data.resolve()
     if not (opts.arch_args_file or opts.arch_args):
-        raise SystemExit("give the model flags: --arch-args-file FILE or --arch-args '...'")
+        raise AclValueError("give the model flags: --arch-args-file FILE or --arch-args '...'")
     opts.arch_args = read_arch_args(opts.arch_args_file, opts.arch_args)
     opts.extra_args = shlex.split(opts.extra)
     if opts.restore_file.lower() != "none" and not Path(opts.restore_file).exists():
-        raise SystemExit(f"--restore-file {opts.restore_file}: no such file")
-    try:
-        multi_exit_arch(opts.arch_args)  # an --arch without a multi-exit variant stops here
-        opts.num_classes = opts.num_classes or count_classes(opts.data)
-        opts.n_train = count_examples(opts.data, "train")
-        for split in (opts.dev_subset, opts.test_subset):
-            count_examples(opts.data, split)  # fails early, naming the file, when it is missing
-    except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(str(e)) from None
+        raise AclFileNotFoundError(f"--restore-file {opts.restore_file}: no such file")
+    multi_exit_arch(opts.arch_args)  # an --arch without a multi-exit variant stops here
+    opts.num_classes = opts.num_classes or count_classes(opts.data)
+    opts.n_train = count_examples(opts.data, "train")
+    for split in (opts.dev_subset, opts.test_subset):
+        count_examples(opts.data, split)  # fails early, naming the file, when it is missing
     if not opts.cpu and not opts.dry_run and not _cuda_available():
         opts.cpu = True
     note = plan_epochs(opts)
-    try:
-        runs = plan_runs(opts.methods, opts.seeds, opts.contrastive_lambda, opts.lambdas)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
+    runs = plan_runs(opts.methods, opts.seeds, opts.contrastive_lambda, opts.lambdas)
     added = sorted({r.method for r in runs} - set(opts.methods))
     print(
         f"{len(runs)} runs ({', '.join(r.name for r in runs)}) of {total_updates(opts)} updates "
@@ -293,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except RunFailed as e:
             if not opts.keep_going:
                 write_report(opts.out)
-                raise SystemExit(str(e)) from None
+                raise
             print(f"[{i}/{len(runs)}] {run.name}: FAILED\n{e}", flush=True)
             failed.append(run.name)
         write_report(opts.out)

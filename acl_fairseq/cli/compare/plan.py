@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from acl_fairseq.errors import AclValueError
 from acl_fairseq.experiment.recipe import (
     ABLATIONS,
     CONTRASTIVE_METHODS,
@@ -84,7 +85,9 @@ def plan_runs(
     seed by seed, all methods of a seed in ``COMPARE_METHODS`` order; then the lambda sweep."""
     unknown = [m for m in methods if m not in COMPARE_METHODS]
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; expected some of {list(COMPARE_METHODS)}")
+        raise AclValueError(
+            f"unknown method(s) {unknown}; expected some of {list(COMPARE_METHODS)}"
+        )
     wanted = set(methods) | {STAGE1[m] for m in methods if m in STAGE1}
     runs: list[Run] = []
     for seed in seeds:
@@ -111,7 +114,7 @@ def read_arch_args(file: str | None, text: str | None) -> list[str]:
         args = shlex.split(text or "")
     out = model_flags(args)
     if not any(a in ("--arch", "-a") or a.startswith("--arch=") for a in out):
-        raise SystemExit(
+        raise AclValueError(
             f"no --arch in the model flags {' '.join(out)!r}: pass --arch-args-file "
             "(fairseq_args.txt of acl-fairseq-convert-bert) or --arch-args '--arch roberta_base'"
         )

@@ -23,6 +23,7 @@ from acl_fairseq.cli.compare.plan import (
     total_updates,
 )
 from acl_fairseq.cli.compare.report import angle_summary
+from acl_fairseq.errors import AclRuntimeError, AclValueError
 from acl_fairseq.experiment.fairseq_log import best_dev, json_records, progress_kind, test_metrics
 from acl_fairseq.experiment.paths import BIN, USER_DIR
 from acl_fairseq.experiment.predictions import PREDICTIONS_FILE, predict_split, write_predictions
@@ -215,8 +216,8 @@ def _tail(path: Path, n: int = 40) -> str:
     return "\n".join(lines[-n:])
 
 
-class RunFailed(Exception):
-    pass
+class RunFailed(AclRuntimeError):
+    """A run that did not train or evaluate; the message names it and its log."""
 
 
 def check_same_flags(run: Run, run_dir: Path, expected: list[str]) -> None:
@@ -237,7 +238,7 @@ def check_same_flags(run: Run, run_dir: Path, expected: list[str]) -> None:
         return
     only_old = [g for g in old_flags if g not in new_flags]
     only_new = [g for g in new_flags if g not in old_flags]
-    raise SystemExit(
+    raise AclValueError(
         f"{run_dir} was trained with other flags than asked for now (only then: "
         f"{', '.join(only_old) or '-'}; only now: {', '.join(only_new) or '-'}). Pass --force "
         "to train it again, or write to another --out."

@@ -9,14 +9,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.hf_bert.convert import convert
-from acl_fairseq.hf_bert.state import ConversionError
 from acl_fairseq.models.heads import DEFAULT_HEAD
+
+PROG = "acl-fairseq-convert-bert"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="acl-fairseq-convert-bert",
+        prog=PROG,
         description=(
             "Convert a Hugging Face BERT directory (config.json, vocab.txt, model.safetensors or "
             "pytorch_model.bin) into a fairseq RoBERTa checkpoint OUTDIR/model.pt plus "
@@ -56,10 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.WARNING if args.quiet else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    try:
-        result = convert(args.hf_dir, args.out_dir, args.classification_head, args.num_classes)
-    except ConversionError as e:
-        raise SystemExit(f"convert_hf_bert: error: {e}") from None
+    return run_tool(PROG, _convert, args)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    result = convert(args.hf_dir, args.out_dir, args.classification_head, args.num_classes)
     flags = " ".join(result["fairseq_args"])
     print(
         f"wrote {args.out_dir}/model.pt ({result['num_embeddings']} embedding rows incl. <mask>), "

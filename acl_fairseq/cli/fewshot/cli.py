@@ -53,9 +53,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acl_fairseq.console.help_format import HelpFormatter
+from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.data.binarize import Options, prepare_tasks
 from acl_fairseq.data.splits import check_disjoint, fewshot_train_dev
-from acl_fairseq.data.task_specs import DataError, tsv_task
+from acl_fairseq.data.task_specs import tsv_task
 from acl_fairseq.data.tokenizer_flags import (
     add_tokenizer_arguments,
     model_folder_tokenizer,
@@ -339,15 +340,17 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``acl-fairseq-fewshot`` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     level = os.environ.get("LOGLEVEL", "INFO").upper()
     logging.getLogger().setLevel(level)  # importing fairseq set the root logger to DEBUG
-    try:
-        table = run(args, argv)
-    except (FewshotError, DataError, record.RecordError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    return run_tool(PROG, study, args, argv)
+
+
+def study(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Runs (or only reports) the study and prints its table."""
+    table = run(args, argv)
     print(f"\n{table}\nwrote {args.out / 'fewshot.md'} and {args.out / 'fewshot.json'}")
     return 0
 

@@ -18,11 +18,12 @@ from acl_fairseq.data.task_specs import (
     format_bad_rows,
     read_split,
 )
+from acl_fairseq.errors import AclValueError
 
 Row = tuple[str, ...]  # the text(s) of an example, its label last
 
 
-class FewshotError(ValueError):
+class FewshotError(AclValueError):
     """A flag or input file that cannot work; the message names it."""
 
 

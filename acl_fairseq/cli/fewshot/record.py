@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from acl_fairseq.errors import AclValueError
 from acl_fairseq.experiment.fewshot import protocol_extra
 
 RECORD_FILE = "fewshot_input.json"
@@ -30,7 +31,7 @@ MODEL_FILES = ("model.pt", "fairseq_args.txt", "dict.txt", "tokenizer.json", "vo
 FILE_FLAGS = ("--srcdict", "--gpt2-encoder-json", "--gpt2-vocab-bpe", "--vocab", "--spm-model")
 
 
-class RecordError(ValueError):
+class RecordError(AclValueError):
     """An ``--out`` that holds another study, or a record that cannot be read."""
 
 

@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.data.prepared import META_FILE, read_num_classes
-from acl_fairseq.data.task_specs import DataError
+from acl_fairseq.errors import AclFairseqError
 from acl_fairseq.experiment.paths import USER_DIR
 from acl_fairseq.experiment.recipe import (
     CRITERIA,
@@ -82,7 +83,7 @@ Environment:
                 to fairseq-train, else python3)"""
 
 
-class RecipeError(Exception):
+class RecipeError(AclFairseqError):
     """A setting that stops the recipe before anything runs; the message names it."""
 
 
@@ -122,10 +123,7 @@ def _check_data(
     if not (data / "input0").is_dir():
         problem(f"{data} has no input0/: not binarized data from acl-fairseq-prepare")
         return None
-    try:
-        recorded = read_num_classes(data)
-    except DataError as e:
-        raise RecipeError(str(e)) from None
+    recorded = read_num_classes(data)
     if recorded is not None and recorded != num_classes:
         raise RecipeError(
             f"{data / META_FILE} says num_classes {recorded} but {task} has {num_classes}: "
@@ -162,10 +160,7 @@ def plan(
 ) -> list[Stage]:
     """The stages of ``method`` on ``task`` with the fairseq-train ``args`` and the settings
     of ``env``, checked; problems with files are warnings in a dry run."""
-    try:
-        recipe = glue_recipe(task, method)
-    except ValueError as e:
-        raise RecipeError(str(e)) from None
+    recipe = glue_recipe(task, method)
 
     def problem(message: str) -> None:
         if not dry_run:
@@ -201,15 +196,12 @@ def plan(
         )
     stage2_extra = env.get("STAGE2_ARGS", "").split()
     save_dir = _setting(env, "SAVE_DIR", f"checkpoints/{recipe.folder}-{method}")
-    try:
-        commands = glue_commands(
-            task, method, data_dir, None if pretrained == "none" else pretrained, save_dir,
-            arch=arch, seed=int(seed), fp16=fp16, extra=args, stage2_extra=stage2_extra,
-            fairseq_train=_setting(env, "FAIRSEQ_TRAIN", "fairseq-train"), user_dir=user_dir,
-            valid_subset=valid_subset,
-        )  # fmt: skip
-    except ValueError as e:  # an --arch without a multi-exit variant
-        raise RecipeError(str(e)) from None
+    commands = glue_commands(
+        task, method, data_dir, None if pretrained == "none" else pretrained, save_dir,
+        arch=arch, seed=int(seed), fp16=fp16, extra=args, stage2_extra=stage2_extra,
+        fairseq_train=_setting(env, "FAIRSEQ_TRAIN", "fairseq-train"), user_dir=user_dir,
+        valid_subset=valid_subset,
+    )  # fmt: skip
     if len(commands) == 1:
         if stage2_extra:
             _warn(f"STAGE2_ARGS is ignored: method {method} has one stage")
@@ -256,18 +248,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
         return 0
-    try:
-        if len(argv) < 2:
-            print(USAGE, file=sys.stderr)
-            raise RecipeError("expected TASK and METHOD")
-        dry_run = _choice(env, "DRY_RUN", "0") == "1" or "--dry-run" in argv[2:]
-        args = [a for a in argv[2:] if a != "--dry-run"]
-        stages = plan(argv[0], argv[1], args, env, dry_run)
-        if not dry_run:
-            return run(stages)
-    except RecipeError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    return run_tool(PROG, train, argv, env)
+
+
+def train(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """``TASK METHOD [args...]``: the stages printed (a dry run) or run; the exit status."""
+    if len(argv) < 2:
+        print(USAGE, file=sys.stderr)
+        raise RecipeError("expected TASK and METHOD")
+    dry_run = _choice(env, "DRY_RUN", "0") == "1" or "--dry-run" in argv[2:]
+    args = [a for a in argv[2:] if a != "--dry-run"]
+    stages = plan(argv[0], argv[1], args, env, dry_run)
+    if not dry_run:
+        return run(stages)
     for stage in stages:
         print(f"# {stage.title}\n{shell_command(stage.command)}")
     return 0

@@ -41,7 +41,9 @@ from acl_fairseq.acl_grad import read_angle_log
 from acl_fairseq.cli.plots.figures import COLORS, Skipped, main_runs, plt, save_plot, write_csv
 from acl_fairseq.cli.plots.tsne import plot_tsne
 from acl_fairseq.console.help_format import HelpFormatter
+from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.early_exit.table import read_sweep
+from acl_fairseq.errors import AclFairseqError, AclFileNotFoundError, AclValueError
 from acl_fairseq.experiment.mean_std import error_bar, summarize
 from acl_fairseq.experiment.recipe import MULTI_EXIT_METHODS
 from acl_fairseq.experiment.results import (
@@ -64,6 +66,7 @@ EARLY_EXIT_CSV = (  # the CSV behind early_exit.png
     "wall_speedup",
 )
 ANGLE_METHODS = ("ce_scl", "acl")
+PROG = "acl-fairseq-plots"
 
 
 def _threshold(run_dir: Path) -> float | None:
@@ -348,9 +351,7 @@ NAMES = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="acl-fairseq-plots", description=__doc__, formatter_class=HelpFormatter
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("results", type=Path, help="the --out folder of acl-fairseq-compare")
     p.add_argument("--data", type=Path, help="binarized data of the runs (for the t-SNE)")
     p.add_argument(
@@ -368,9 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The ``acl-fairseq-plots`` command; returns the exit status."""
+    return run_tool(PROG, draw, build_parser().parse_args(argv))
+
+
+def draw(args: argparse.Namespace) -> int:
+    """Draws the plots of ``--only``; 1 when one of them failed."""
     if not (args.results / "runs").is_dir():
-        raise SystemExit(
+        raise AclFileNotFoundError(
             f"{args.results}/runs not found: is it an acl-fairseq-compare results folder?"
         )
     out = args.out or args.results / "plots"
@@ -378,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = [x.strip() for x in args.only.split(",") if x.strip()]
     unknown = [x for x in only if x not in PLOTS]
     if unknown:
-        raise SystemExit(f"--only: unknown plot(s) {unknown}; expected some of {PLOTS}")
+        raise AclValueError(f"--only: unknown plot(s) {unknown}; expected some of {PLOTS}")
     jobs: dict[str, Callable[[], list[Path]]] = {
         "a": lambda: plot_angles(args.results, out),
         "b": lambda: plot_layer_scores(args.results, out),
@@ -397,7 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         except Exception as e:  # one broken input should not stop the other plots
             failed += 1
-            print(f"FAILED {NAMES[key]}: {type(e).__name__}: {e}", flush=True)
+            why = e if isinstance(e, AclFairseqError) else f"{type(e).__name__}: {e}"
+            print(f"FAILED {NAMES[key]}: {why}", flush=True)
             continue
         print(f"drew {NAMES[key]}: {', '.join(str(p) for p in paths)}", flush=True)
     return 1 if failed else 0

@@ -11,9 +11,10 @@ from typing import TextIO
 from torch import Tensor
 
 from acl_fairseq.data.text_encoder import EncodeError, ExampleEncoder
+from acl_fairseq.errors import AclValueError
 
 
-class PredictError(ValueError):
+class PredictError(AclValueError):
     """Bad input of ``acl-fairseq-predict``; the message names the flag, file or line."""
 
 

@@ -65,11 +65,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.data.binarize import Options, prepare_tasks
 from acl_fairseq.data.task_specs import GLUE_TASKS, DataError, TaskSpec, resolve_tasks, tsv_task
 from acl_fairseq.data.tokenizer_flags import add_tokenizer_arguments, tokenizer_config
 
-logger = logging.getLogger("prepare_glue")
+PROG = "acl-fairseq-prepare"
 
 
 def custom_task(args: argparse.Namespace) -> TaskSpec:
@@ -100,7 +101,7 @@ def custom_task(args: argparse.Namespace) -> TaskSpec:
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     p = argparse.ArgumentParser(
-        prog="acl-fairseq-prepare",
+        prog=PROG,
         description="Binarize GLUE / TSV classification data for fairseq sentence_prediction.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -189,12 +190,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = os.environ.get("LOGLEVEL", "INFO").upper()
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=level)
     logging.getLogger().setLevel(level)  # importing fairseq set the root logger to DEBUG
-    args = build_parser().parse_args(argv)
-    try:
-        run(args)
-    except DataError as e:
-        logger.error("%s", e)
-        return 1
+    return run_tool(PROG, _prepare, build_parser().parse_args(argv))
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    run(args)
     return 0
 
 
