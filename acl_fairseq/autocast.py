@@ -1,17 +1,9 @@
 """Mixed precision for ``--task acl_sentence_prediction``: ``--autocast bf16``.
 
-fairseq 0.12's ``--bf16`` means "train on a TPU" (``options.py`` sets ``--tpu``, and the
-trainer asks for an XLA device: ``fairseq-train --cpu --bf16`` dies with ``'NoneType' object
-has no attribute 'xla_device'``, and a GPU takes the same path), and ``--amp`` is fp16 autocast
-on CUDA only. ``--autocast bf16`` runs every forward pass of the task (training and
-validation, every criterion) under ``torch.autocast(device_type, dtype=torch.bfloat16)`` on
-the model's device, CPU or CUDA; the backward passes run outside it, as torch recommends.
-Weights, gradients, optimizer state and ACL-Grad's angles stay fp32, so checkpoints hold fp32
-weights and no loss scaling is needed. The plugin's criterions compute their losses in fp32
-(:func:`full_precision`); fairseq's ``sentence_prediction`` does already.
-
-Flags that would mix two precisions (``--fp16``, ``--memory-efficient-fp16``, ``--bf16``,
-``--memory-efficient-bf16``, ``--amp``) are refused at set-up (:func:`check_autocast`).
+fairseq 0.12's ``--bf16`` means TPU and ``--amp`` is fp16 on CUDA only. ``--autocast bf16``
+runs the task's forward passes under ``torch.autocast`` (CPU or CUDA), the backward outside;
+weights, gradients and ACL-Grad's angles stay fp32, losses are fp32 (:func:`full_precision`).
+Other precision flags are refused at set-up (:func:`check_autocast`). docs/gpus.md.
 """
 
 import contextlib

@@ -1,7 +1,7 @@
 """The CPU's instruction-set flags and model name, read once from Linux's ``/proc/cpuinfo``.
 
-bf16 training (``--autocast auto``) and int8 inference (8-bit activations) depend on them.
-Everything is False / empty where the file cannot be read (another OS): the slow, safe choice.
+bf16 training and int8 inference depend on them. Unreadable (another OS): all False, the
+safe choice.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The plugin's own errors, and how fairseq's commands print them.
 
-An :class:`AclFairseqError` is raised by one of the plugin's checks (a flag, a file, a data
-folder or a save folder that cannot work); its message names the flag or file and the fix.
-Raised in a fairseq command (``fairseq-train``, ``fairseq-validate``, ...), it is printed as one
-line, ``fairseq-train: error: MESSAGE``, without the traceback, which only says where the
-check sits in the plugin (:func:`install_excepthook`); also when a worker that fairseq spawned
-(one per GPU) raised it. ``ACL_FAIRSEQ_TRACEBACK=1`` prints the full traceback, for debugging.
-Any other exception keeps Python's traceback.
-
-The concrete kinds also derive from the built-in exception they replace (``ValueError``,
-``FileNotFoundError``, ...), so ``except ValueError`` keeps catching them.
+An :class:`AclFairseqError` is raised by one of the plugin's checks; its message names the
+flag or file and the fix. It is printed as one line, ``PROG: error: MESSAGE``, in fairseq's
+commands (:func:`install_excepthook`, spawned workers included) and in the plugin's tools
+(``acl_fairseq.console.run_tool``); ``ACL_FAIRSEQ_TRACEBACK=1`` shows the traceback. The
+kinds also derive from the built-in they replace, so ``except ValueError`` still catches them.
 """
 
 from __future__ import annotations
@@ -86,12 +81,9 @@ def _prog() -> str:
 
 
 def install_excepthook(prog: str | None = None) -> bool:
-    """In a fairseq command (``prog``, default the running program's name, starts with
-    ``fairseq``), prints an uncaught :class:`AclFairseqError` (see :func:`plugin_message`) as
-    ``PROG: error: MESSAGE`` on stderr, the way argparse reports a bad command line (the exit
-    status stays 1); other exceptions go to the previous hook. Idempotent; returns
-    whether the hook is installed. Elsewhere (a Python session, the plugin's own tools, which
-    print their errors themselves) nothing changes."""
+    """In a fairseq command (``prog``, default the program's name, starts with ``fairseq``),
+    prints an uncaught :class:`AclFairseqError` as ``PROG: error: MESSAGE`` (exit status 1);
+    other exceptions go to the previous hook. Idempotent; returns whether it is installed."""
     if not (prog or _prog()).startswith("fairseq"):
         return False
     if getattr(sys.excepthook, "_acl_fairseq", False):

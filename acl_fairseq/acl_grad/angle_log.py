@@ -1,14 +1,9 @@
 """The ACL-Grad angle log (``--acl-grad-log FILE``): its one reader and writer.
 
-One line per decision, tab-separated: ``update``, ``angle`` (degrees, between the CE and
-contrastive gradients), ``kept`` (0/1), ``head_angle`` (degrees, the same angle on the
-classification heads' parameters alone), then, with ``--acl-grad-log-top-k``, one ``K:angle``
-column per K (the same angle on the heads plus the top K encoder layers). Files of older
-versions (3 or 4 columns) still read: a missing ``head_angle`` is nan, missing ``K:angle``
-columns an empty ``top_angles``.
-
-:func:`scope_agreement` reads an exact-scope log as the evidence for the cheap scopes: how
-often the ``head`` and ``top:K`` angles of the same updates lead to the same decision.
+One line per decision, tab-separated: ``update``, ``angle`` (degrees), ``kept`` (0/1),
+``head_angle`` (the heads' parameters alone), then one ``K:angle`` column per K of
+``--acl-grad-log-top-k``. Older files (3 or 4 columns) still read. :func:`scope_agreement`:
+how often the cheap scopes' angles of the same updates decide alike.
 """
 
 import math
@@ -60,9 +55,8 @@ class AngleRecord(NamedTuple):
 
 
 def check_log_path(path: str, given: str | None = None, flag: str = "--acl-grad-log") -> None:
-    """At set-up: raises naming ``flag`` (and ``given``, the value as passed) when the angle
-    log ``path`` cannot be appended to (its folder missing or read-only, or a folder given),
-    rather than at the first update."""
+    """At set-up, not at the first update: refuses a ``path`` that cannot be appended to,
+    naming ``flag`` and ``given`` (the value as passed)."""
     given = given or path
     folder = os.path.dirname(path) or "."
     if os.path.isdir(path):
@@ -113,8 +107,7 @@ class ScopeAgreement(NamedTuple):
 
 def scope_angles(records: list[AngleRecord]) -> dict[str, list[tuple[float, float]]]:
     """Per cheap scope (``head``, ``top:K``), (exact angle, scope angle) of every record of an
-    exact-scope log; empty when the log has no heads-only angle (an older version). A
-    ``top:K`` is there when every record has its column."""
+    exact-scope log; a scope is left out when a record lacks its column."""
     if not records or any(math.isnan(r.head_angle) for r in records):
         return {}
     scopes = {"head": [(r.angle, r.head_angle) for r in records]}

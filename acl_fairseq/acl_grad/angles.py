@@ -1,15 +1,8 @@
 """ACL-Grad's math: the angle between the CE and the contrastive gradient, and the decision.
 
-Pure torch (no fairseq import); :mod:`acl_fairseq.acl_grad` runs it in fairseq's training
-loop. Collective operations for data-parallel training are passed
-in as callables, so this module is tested on one process.
-
-The unit of decision is one optimizer update: the CE gradient is what the trainer has
-accumulated in ``.grad`` over every micro-batch (``--update-freq``) and, after its all-reduce,
-over every worker; the contrastive gradient is accumulated the same way in a
-:class:`ContrastiveGradientBuffer` and all-reduced with the same convention. So one worker
-with ``--update-freq k`` and k workers decide on the same two vectors, and every worker
-takes the same decision.
+Pure torch (no fairseq import); collectives are passed in as callables, so it is tested on
+one process. The decision is per optimizer update, on gradients accumulated over every
+micro-batch and worker (docs/acl_grad.md).
 """
 
 from __future__ import annotations
@@ -31,16 +24,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Decision:
-    """Outcome of one ACL-Grad check.
-
-    Attributes:
-        angle: angle in degrees between the CE and contrastive gradients; nan when it is not
-            defined (a zero gradient, or a non-finite one).
-        keep: whether the contrastive gradient is added to the CE gradient.
-        finite: False when either gradient holds inf/nan (fp16 overflow): the contrastive
-            gradient is then added anyway, so the loss scaler sees the overflow and the
-            trainer skips the update, and the angle must not enter any statistic.
-    """
+    """One ACL-Grad check: ``angle`` in degrees (nan: undefined), ``keep`` the term, and
+    ``finite`` (False on an fp16 overflow: the term is kept so the loss scaler sees it, and
+    the angle enters no statistic)."""
 
     angle: float
     keep: bool
@@ -48,12 +34,8 @@ class Decision:
 
 
 def _dot_products(a: Sequence[Tensor], b: Sequence[Tensor]) -> tuple[float, float, float]:
-    """Returns <a,a>, <b,b>, <a,b> over two equally long lists of same-shaped tensors.
-
-    Each tensor's dot product runs in (at least) float32 without copying; the sums over
-    tensors are accumulated in float64, in list order, on the host: the per-tensor dot
-    products reach the host in one transfer (one device sync per angle).
-    """
+    """<a,a>, <b,b>, <a,b> over two lists of same-shaped tensors: per tensor in float32,
+    summed in float64 on the host (one device sync)."""
     if len(a) != len(b):
         raise ValueError(f"gradient lists differ in length: {len(a)} and {len(b)}")
     if not a:
@@ -76,11 +58,8 @@ def _dot_products(a: Sequence[Tensor], b: Sequence[Tensor]) -> tuple[float, floa
 
 
 def gradient_angle(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
-    """Angle in degrees between two gradients given as lists of same-shaped tensors.
-
-    Returns nan if either has zero norm or holds inf/nan. Invariant to positive scaling of
-    either gradient (so to fp16 loss scaling).
-    """
+    """Angle in degrees between two gradients (lists of same-shaped tensors); nan for a zero
+    or non-finite one. Invariant to loss scaling."""
     aa, bb, ab = _dot_products(a, b)
     if not (math.isfinite(aa) and math.isfinite(bb) and math.isfinite(ab)):
         return math.nan
@@ -91,23 +70,16 @@ def gradient_angle(a: Sequence[Tensor], b: Sequence[Tensor]) -> float:
 
 
 def decide(angle: float, threshold: float) -> Decision:
-    """Keeps the contrastive term unless the angle exceeds ``threshold`` degrees.
-
-    An undefined (nan) angle keeps the term: a zero gradient cannot conflict, and an
-    overflowing one must reach the loss scaler.
-    """
+    """Keeps the contrastive term unless the angle exceeds ``threshold`` degrees; a nan
+    angle keeps it (a zero gradient cannot conflict; an overflow must reach the scaler)."""
     finite = not math.isnan(angle)
     keep = (not finite) or angle <= threshold
     return Decision(angle=angle, keep=keep, finite=finite)
 
 
 class ContrastiveGradientBuffer:
-    """Holds the contrastive gradient of the current optimizer update, beside ``.grad``.
-
-    ``params`` is fixed at construction (the model's trainable parameters). Gradients are
-    stored in one flat buffer per (device, dtype), so the data-parallel all-reduce is one
-    collective per group.
-    """
+    """The contrastive gradient of the current update, beside ``.grad``, for fixed
+    ``params``: one flat buffer per (device, dtype), so one all-reduce each."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter]):
         self.params = list(params)

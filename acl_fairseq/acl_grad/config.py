@@ -31,12 +31,8 @@ def acl_grad_switch(default: bool) -> Any:
 
 @dataclass
 class AclGradConfig(FairseqDataclass):
-    """ACL-Grad's criterion flags, mixed into the config of every criterion that has it.
-
-    One bool, ``acl_grad``: ``--acl-grad`` turns it on, ``--no-acl-grad`` off (both spellings
-    exist for every criterion, see :func:`add_acl_grad_switch`); on by default here, a config
-    may override the default with :func:`acl_grad_switch`.
-    """
+    """ACL-Grad's criterion flags, mixed into each criterion's config. ``acl_grad``: on by
+    default here (:func:`acl_grad_switch` sets another default)."""
 
     acl_grad: bool = acl_grad_switch(default=True)
     acl_grad_threshold: float = field(
@@ -52,10 +48,11 @@ class AclGradConfig(FairseqDataclass):
         metadata={
             "help": "parameters the ACL-Grad angle is measured on. 'all': every trainable "
             "parameter, decided once per update on the exact gradients (a second backward "
-            "pass, about 1.7-2x the cost of CE per update); 'head': only the classification "
-            "heads' parameters, decided per micro-batch before its single backward pass (an "
-            "approximation, about the cost of CE); 'top:K': the heads plus the top K encoder "
-            "layers, likewise per micro-batch (top:0 is head; cost grows with K)"
+            "pass per micro-batch); 'head': only the classification heads' parameters, "
+            "decided per micro-batch before its single backward pass (an approximation, "
+            "without the second pass through the encoder); 'top:K': the heads plus the top K "
+            "encoder layers, likewise per micro-batch (top:0 is head; cost grows with K). "
+            "Costs and agreement: docs/results.md"
         },
     )
 
@@ -83,13 +80,8 @@ class AclGradLogConfig(FairseqDataclass):
 
 
 def add_acl_grad_switch(parser: argparse.ArgumentParser, default: bool) -> None:
-    """Registers ``--acl-grad`` / ``--no-acl-grad`` on ``parser`` (one bool, ``acl_grad``).
-
-    fairseq's ``gen_parser_from_dataclass`` would register a bool field as a single flag that
-    *flips* its default (``--acl-grad`` would turn ACL-Grad off where it is on by default);
-    called first, this registers both spellings, and fairseq skips the field's own flag as a
-    duplicate.
-    """
+    """Registers ``--acl-grad`` / ``--no-acl-grad`` (one bool, ``acl_grad``). fairseq would
+    register a bool as one flag that flips its default; registered first, fairseq skips it."""
     parser.add_argument(
         "--acl-grad", action=argparse.BooleanOptionalAction, default=default, help=_SWITCH_HELP
     )

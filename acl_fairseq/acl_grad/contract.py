@@ -28,12 +28,8 @@ class LossTerms(NamedTuple):
 
 @runtime_checkable
 class AclGradCriterion(Protocol):
-    """What ``--task acl_sentence_prediction`` needs of a criterion.
-
-    ``acl_grad`` is None when ACL-Grad is off (the task then runs fairseq's own
-    ``train_step``); ``check_model`` raises ValueError, naming the flag to change, when the
-    model just built cannot train with this criterion.
-    """
+    """What ``--task acl_sentence_prediction`` needs of a criterion. ``acl_grad``: None when
+    off (fairseq's own ``train_step``); ``check_model`` refuses a model it cannot train."""
 
     acl_grad: AclGradSettings | None
 

@@ -14,26 +14,11 @@ __all__ = ["AclGradOptimizer"]
 
 class AclGradOptimizer:
     """The trainer's optimizer, seen by ACL-Grad at the all-reduce and the zeroing of the
-    gradients.
-
-    fairseq gives a task no hook to build or replace the trainer's optimizer, so
-    :meth:`install` shadows two methods of that optimizer *instance* with this object's
-    (everything else of the optimizer is untouched):
-
-    * ``all_reduce_grads(module)``: the optimizer's own (the all-reduce of ``.grad`` under
-      ``--ddp-backend legacy_ddp``; nothing under ``pytorch_ddp``, whose reducer already
-      reduced ``.grad`` during ``backward()``), then, for the model the buffer belongs to,
-      :meth:`AclGrad.decide_update`. The trainer calls it once per update, after the last
-      micro-batch, for every backend. It also calls it on its criterion when that has
-      parameters (they are not in the buffer: passed through). Any other module, while a
-      contrastive gradient is buffered, is an error: that gradient would be lost silently.
-    * ``zero_grad()``: the optimizer's own, then :meth:`AclGrad.reset`: at the start of every
-      update, and instead of the step when fp16's loss scaler finds an overflow (or after an
-      OOM), so a skipped update's decisions enter no statistic.
-
-    Installed for every scope (``head`` and ``top:K`` have no buffer, but their decisions
-    wait for the step like the exact scope's).
-    """
+    gradients (fairseq gives a task no hook there). :meth:`install` shadows two methods of
+    the optimizer instance: ``all_reduce_grads(module)`` (the optimizer's own, then
+    :meth:`AclGrad.decide_update` for the model; another module while a contrastive gradient
+    is buffered is an error, it would be lost) and ``zero_grad()`` (then
+    :meth:`AclGrad.reset`, so a skipped update's decisions enter no statistic)."""
 
     _ATTRIBUTE = "_acl_grad_optimizer"  # where the installed wrapper is kept on the optimizer
 

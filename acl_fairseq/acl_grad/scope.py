@@ -1,14 +1,9 @@
 """Which parameters an ACL-Grad angle is measured on: ``--acl-grad-scope`` and
 ``--acl-grad-log-top-k``.
 
-* ``all``: every trainable parameter (the exact decision, once per update).
-* ``head``: the classification heads' parameters (every ``classification_heads`` module,
-  shallow exits included).
-* ``top:K``: the heads plus the top ``K`` encoder layers (``encoder.sentence_encoder.layers``,
-  the last ``K`` of ``L``); ``top:0`` is ``head``. ``torch.autograd.grad`` on these
-  parameters walks only the graph above the lowest of them, so ``K`` sets the cost.
-
-Pure Python on parameter names (no fairseq import).
+``all``: every trainable parameter; ``head``: every ``classification_heads`` module;
+``top:K``: the heads plus the last ``K`` encoder layers (autograd walks only the graph above
+them, so ``K`` sets the cost). Pure Python on parameter names.
 """
 
 from __future__ import annotations
@@ -54,10 +49,8 @@ def encoder_layer_count(model: nn.Module) -> int:
 
 
 def parse_scope(value: str) -> int | None:
-    """``--acl-grad-scope``: None for ``all``, K for ``top:K`` (``head`` is ``top:0``).
-
-    Checks the form only; :func:`check_k` checks K against the model.
-    """
+    """``--acl-grad-scope``: None for ``all``, K for ``top:K`` (``head`` is 0); the form only
+    (:func:`check_k` checks K against the model)."""
     value = str(value).strip()
     if value == "all":
         return None

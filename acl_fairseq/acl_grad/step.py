@@ -1,71 +1,12 @@
 """ACL-Grad's step: per micro-batch, and the decision of each optimizer update.
 
-ACL-Grad drops the contrastive term of an optimizer update when its gradient conflicts with
-the CE gradient: when the angle between the two exceeds ``--acl-grad-threshold`` degrees.
-
-One optimizer update with ``--acl-grad-scope all`` (the exact decision, the default):
-
-1. :meth:`AclGrad.train_step`, once per micro-batch: one forward; the contrastive gradient is
-   taken with ``torch.autograd.grad`` (scaled like the optimizer scales losses for fp16/AMP)
-   and added to a :class:`ContrastiveGradientBuffer` beside ``.grad``; then the CE loss goes
-   through the ordinary ``optimizer.backward``, so ``.grad`` accumulates the CE gradient.
-   Two backward passes per micro-batch.
-2. :meth:`AclGrad.decide_update`, once per update, when the trainer all-reduces the gradients
-   (``optimizer.all_reduce_grads(model)``, after the last micro-batch and before
-   normalisation and clipping; :class:`~.optimizer.AclGradOptimizer` is how it gets there):
-   the buffer is all-reduced with the trainer's convention (mean over workers), the angle
-   between the two global gradients is taken, rank 0's decision is broadcast, and the buffer
-   is added to ``.grad`` if kept. The trainer then normalises, clips and steps as usual.
-
-So the decision is made on the gradients of the whole update (every micro-batch of every
-worker): it is the same on all workers, and 1 worker with ``--update-freq k`` decides exactly
-like k workers. The buffer is dropped whenever the trainer zeroes the gradients.
-
-The decisions of an update enter the statistics (``acl_grad_angle``, ``acl_grad_drop``, the
-angle log) when the optimizer steps (:meth:`AclGrad.optimizer_step`, the task's
-``optimizer_step``): an update that fp16's loss scaler skips (overflow: the trainer zeroes the
-gradients instead) or that ``--amp``'s scaler skips enters none. An undefined angle (inf/nan
-gradients, a zero gradient) keeps the term, so the scaler sees the overflow, and enters none
-either.
-
-``--autocast bf16`` (the task's): the forward pass of :meth:`AclGrad.train_step` runs under
-autocast, both backward passes outside it; the gradients, the buffer and the angle are fp32.
-
-``--acl-grad-scope head`` is the cheap approximation: for each micro-batch, the CE and
-contrastive gradients of the classification heads' parameters only are taken (a backward pass
-through the heads, not the encoder), summed over the workers, and the decision is made before
-the micro-batch's single ``optimizer.backward`` of ``CE + term`` or ``CE``. It decides per
-micro-batch rather than per update, and agrees with the exact decision only as far as the
-heads' gradients represent the encoder's (``benchmarks/acl_grad_agreement.py``). With the
-exact scope the log's fourth column gives that heads-only angle of the same update.
-``--acl-grad-scope top:K`` does the same on the heads plus the top K encoder layers
-(``scope.py``; ``top:0`` is ``head``): autograd walks only the graph above layer
-``L - K``, so K trades cost for agreement.
-
-Data-parallel training: which all-reduce reduces what. Every gradient is reduced exactly once
-per update, as the mean over the workers (the trainer then multiplies ``.grad`` by
-``world_size / sample_size``, so the sum over workers divided by the update's sample size):
-
-* ``.grad`` (the CE gradient, or ``CE + term`` for ``head`` / ``top:K``): under
-  ``--ddp-backend legacy_ddp`` / ``no_c10d`` by the trainer's
-  ``optimizer.all_reduce_grads(model)`` after the last micro-batch; under ``pytorch_ddp`` /
-  ``c10d`` by torch's DDP reducer during the last micro-batch's ``optimizer.backward``
-  (earlier micro-batches of ``--update-freq`` run under ``no_sync()`` and accumulate
-  locally), and ``all_reduce_grads`` leaves it alone. ``torch.autograd.grad`` does not run
-  the parameters' gradient accumulators, so it fires none of the reducer's hooks and marks
-  no variable ready (with or without ``--find-unused-parameters``): the one ordinary
-  backward per micro-batch is the only one DDP sees.
-* the contrastive buffer (``all``): by :meth:`AclGrad.decide_update`'s own all-reduce, for
-  every backend (the optimizer's ``all_reduce_grads`` never sees it). It runs once per update,
-  after the trainer's, so ``.grad`` is already global when the angle is taken.
-* the ``head`` / ``top:K`` decision: the scope's two gradients are summed over the workers
-  for the angle only (one collective per micro-batch, not under ``no_sync``); what reaches
-  ``.grad`` goes through the backward above.
-
-torch's ``static_graph=True`` (not a fairseq option) is refused: its first backward's delayed
-all-reduce would be queued by the contrastive ``torch.autograd.grad`` instead.
-
-The angle log (``--acl-grad-log FILE``, one line per decision) is ``angle_log.py``.
+An update drops its contrastive term when the angle between the CE and the contrastive
+gradient exceeds ``--acl-grad-threshold``. Exact scope (``all``, the default): each
+micro-batch puts its contrastive gradient into a buffer beside ``.grad``
+(:meth:`AclGrad.train_step`), and the update decides at the trainer's all-reduce
+(:meth:`AclGrad.decide_update`). ``head`` / ``top:K`` decide per micro-batch on those
+parameters only. The steps, loss scaling, and which all-reduce reduces what under each
+``--ddp-backend``: docs/acl_grad.md.
 """
 
 import weakref
@@ -99,11 +40,8 @@ __all__ = ["AclGrad"]
 
 
 class AclGrad:
-    """ACL-Grad of one training run (owned by the task; see the module docstring).
-
-    ``log_path`` is ``--acl-grad-log`` (None: no file). The contrastive-gradient buffer
-    belongs to one model: it is rebuilt when ``train_step`` sees another model or optimizer.
-    """
+    """ACL-Grad of one training run, owned by the task. ``log_path``: ``--acl-grad-log``.
+    The buffer belongs to one model: rebuilt when ``train_step`` sees another one."""
 
     def __init__(
         self, log_path: str | None = None, log_top_k: str | None = None, autocast: str = "none"
@@ -121,14 +59,14 @@ class AclGrad:
         self._scope_params: tuple[Any, int, list[nn.Parameter]] | None = None  # model, K, params
 
     def check_model(self, model: nn.Module, settings: AclGradSettings | None) -> None:
-        """At set-up: raises ValueError naming the flag when a K of ``--acl-grad-scope top:K``
-        or ``--acl-grad-log-top-k`` does not fit ``model``'s encoder layers."""
+        """At set-up: a K of ``--acl-grad-scope top:K`` or ``--acl-grad-log-top-k`` that does
+        not fit ``model``'s encoder layers is refused, naming the flag."""
         if settings is not None:
             check_scope_fits(model, settings.scope, self.log_top_k)
 
     def check_log_path(self) -> None:
-        """At set-up of a training: raises naming ``--acl-grad-log`` when this worker's angle
-        log cannot be written (every worker checks the folder, so all stop together)."""
+        """At set-up: refuses an ``--acl-grad-log`` this worker cannot write (every worker
+        checks, so all stop together)."""
         if self.log_path:
             path = self.log_path.replace("{rank}", str(_data_parallel_rank()))
             check_log_path(path, given=self.log_path)
@@ -179,9 +117,8 @@ class AclGrad:
         return (ce_loss + contrastive_loss).detach(), sample_size, logging_output
 
     def _hook_optimizer(self, model: nn.Module, criterion: Any, optimizer: Any) -> None:
-        """Wraps ``optimizer`` once for ``model`` (:class:`AclGradOptimizer`), for every scope:
-        the trainer's all-reduce reaches :meth:`decide_update`, its zeroing :meth:`reset`. Another
-        model or optimizer gets a new wrapper and, for the exact scope, a new buffer."""
+        """Wraps ``optimizer`` once for ``model`` (:class:`AclGradOptimizer`) so that the
+        trainer's all-reduce reaches :meth:`decide_update` and its zeroing :meth:`reset`."""
         wrapper = self._optimizer
         if wrapper is None or not wrapper.wraps(optimizer, model):
             self._optimizer = AclGradOptimizer.install(optimizer, self, model, criterion)
@@ -201,18 +138,15 @@ class AclGrad:
         return self._buffer
 
     def reset(self) -> None:
-        """Drops the buffered contrastive gradient and the statistics of decisions whose update
-        was not applied (the trainer zeroed ``.grad``: a new update, or an fp16 overflow)."""
+        """Drops the buffer and the decisions of an update not applied (``.grad`` zeroed: a new
+        update, or an fp16 overflow)."""
         if self._buffer is not None:
             self._buffer.reset()
         self._pending = []
 
     def optimizer_step(self, optimizer: Any, step: Callable[[], None]) -> None:
-        """The task's ``optimizer_step``: runs ``step`` (the optimizer's), then logs the update's
-        decisions (``acl_grad_angle`` / ``acl_grad_drop`` and the angle log), unless the update
-        was skipped. fp16's loss scaler skips an overflowing update before this point (the
-        trainer zeroes the gradients instead, :meth:`reset`); ``--amp``'s scaler skips it inside
-        ``step``, lowering its scale."""
+        """The task's ``optimizer_step``: runs ``step``, then logs the update's decisions,
+        unless ``--amp``'s scaler skipped it (fp16's skips before: :meth:`reset`)."""
         scaler = optimizer.scaler if isinstance(optimizer, AMPOptimizer) else None
         scale = scaler.get_scale() if scaler is not None else None
         step()
@@ -227,14 +161,9 @@ class AclGrad:
                 append_angle_record(path, record)
 
     def decide_update(self) -> Decision | None:
-        """``--acl-grad-scope all``: decides on the update's exact global gradients, after the
-        trainer's all-reduce of ``.grad``, and adds the buffer to ``.grad`` if kept.
-
-        Under ``--ddp-backend pytorch_ddp`` DDP's hooks reduce the CE gradient during the real
-        backward; ``torch.autograd.grad`` does not fire them, so the contrastive gradient was
-        never reduced: the buffer has its own all-reduce here, with the trainer's convention
-        for ``.grad`` (the mean over the workers).
-        """
+        """``--acl-grad-scope all``: after the trainer's all-reduce of ``.grad``, all-reduces
+        the buffer (no DDP hook saw it), decides on the global gradients, adds the buffer to
+        ``.grad`` if kept."""
         buffer = self._buffer
         if buffer is None or buffer.empty or self.settings is None:
             return None
@@ -283,14 +212,8 @@ class AclGrad:
     def _decide_on_subset(
         self, params: list[nn.Parameter], optimizer: Any, ce_loss: Tensor, contrastive_loss: Tensor
     ) -> bool:
-        """``--acl-grad-scope head`` / ``top:K``: decides on this micro-batch before its
-        backward pass.
-
-        The CE and contrastive gradients of ``params`` only (the heads, plus for ``top:K`` the
-        top K encoder layers: autograd walks the graph above them only), summed over the
-        data-parallel workers, so every worker decides alike. Returns whether to keep the
-        contrastive term.
-        """
+        """``--acl-grad-scope head`` / ``top:K``: whether to keep the term of this
+        micro-batch, from the two gradients of ``params`` summed over the workers."""
         assert self.settings is not None
         g_ce = _grads_or_zeros(_scale_like_optimizer(optimizer, ce_loss), params)
         g_con = _grads_or_zeros(_scale_like_optimizer(optimizer, contrastive_loss), params)
@@ -306,8 +229,8 @@ class AclGrad:
         return decision.keep
 
     def _record(self, decision: Decision, record: AngleRecord | None) -> None:
-        """Keeps a finite decision (and its angle-log line) for :meth:`optimizer_step`; an
-        undefined angle (overflow, a zero gradient) enters no statistic."""
+        """Keeps a finite decision for :meth:`optimizer_step`; an undefined angle enters no
+        statistic."""
         if decision.finite:
             self._pending.append((decision, record))
 

@@ -1,17 +1,10 @@
 """Checkpoint files that appear whole: fairseq's checkpoint writes and copies, made atomic.
 
-fairseq-train saves a checkpoint with ``torch.save`` into the first of its files
-(``checkpoint_E_U.pt``, ``checkpointE.pt`` or ``checkpoint_last.pt``), then copies it to the
-others (``checkpoint_best.pt``, ``checkpoint_last.pt``) with ``PathManager.copy``, a
-``shutil.copyfile`` that writes the destination in place: a process killed during the copy
-leaves a truncated or empty ``checkpoint_last.pt``, and the next run cannot resume.
-
-:func:`install` makes both go through :func:`replace_atomically` for local files: the bytes
-are written to ``NAME.tmp`` beside the file, flushed to disk, then ``os.replace``'d onto
-``NAME``, so a reader finds the previous file or the new one, never a part of one. A kill
-leaves at most a ``NAME.tmp``; the next training in the folder removes it
-(:func:`remove_leftovers`, under the save folder's lock). Remote paths (fairseq's
-``PathManager`` URIs) and ``--write-checkpoints-asynchronously`` keep fairseq's own code.
+fairseq's ``torch.save`` and ``PathManager.copy`` write in place, so a kill mid-write leaves a
+truncated ``checkpoint_last.pt`` that cannot be resumed. :func:`install` routes local files
+through :func:`replace_atomically` (``NAME.tmp``, flushed, ``os.replace``); the next training
+removes a leftover ``NAME.tmp`` (:func:`remove_leftovers`). Remote paths and
+``--write-checkpoints-asynchronously`` keep fairseq's code.
 """
 
 from __future__ import annotations

@@ -54,12 +54,8 @@ def _num_layers(keys) -> int:
 
 def check_checkpoint_fits(state_dict, model_state, data: str, strict: bool = True) -> None:
     """Raises a ``CheckpointMismatch`` naming the flag when a RoBERTa-style checkpoint does
-    not fit.
-
-    Only cases torch would reject anyway: a different vocabulary, embedding size, layer count
-    (when loading strictly) or tensor shape. Classification heads are left to RoBERTa's own
-    upgrade, which replaces heads of another size.
-    """
+    not fit: only what torch would reject anyway (vocabulary, embedding size, layer count,
+    a shape); heads are left to RoBERTa's upgrade."""
 
     def body(state):
         out = {}

@@ -1,18 +1,10 @@
-"""A reused ``--save-dir``: fairseq's default ``--restore-file checkpoint_last.pt`` resumes the
-run saved there, whatever the command line now says; with another seed, criterion, learning
-rate, batch size, schedule, model or data that silently continues the earlier run (its
-optimizer state, its update count) instead of starting the one asked for.
+"""A reused ``--save-dir``: fairseq's default ``--restore-file checkpoint_last.pt`` would
+silently continue the run saved there, whatever the command line now says.
 
-:func:`check_resume` refuses that case unless the command says what is meant: an explicit
-``--restore-file`` (resume it, whatever changed) or ``--reset-optimizer`` (a new optimization
-from its weights). Resuming with the same settings (a crash, a preempted job, a larger
-``--max-update``) goes on as before. :func:`settings` says which flags make another run.
-
-What a saved checkpoint says about its run, read without loading its tensors
-(:func:`read_saved`): :func:`finished` (fairseq would train one more update past
-``--max-update`` and rewrite the checkpoints), and :func:`newest_of_run` (the newest intact
-checkpoint of this run in the folder, to resume from when ``checkpoint_last.pt`` is damaged or
-older than it after an interrupted save).
+:func:`check_resume` refuses a run with other :func:`settings` unless ``--restore-file`` or
+``--reset-optimizer`` says what is meant. From a checkpoint's header (:func:`read_saved`):
+:func:`finished` runs, and :func:`newest_of_run` (the newest intact checkpoint to resume
+from). What users see: docs/usage.md, "Training".
 """
 
 from __future__ import annotations
@@ -95,11 +87,9 @@ def _flag(section: str, key: str) -> str:
 
 
 def settings(cfg: Any) -> dict[str, Any]:
-    """What makes a run another run, by command-line flag (``--seed``, ``--lr``,
-    ``--batch-size``, ``--criterion``, ``--temperature``, ``--arch``, ``--dropout``, ...;
-    ``DATA``: the data folder's absolute path). ``cfg`` is a fairseq config, or the plain dict
-    a checkpoint holds. Not compared: what only logs, validates, saves or says when to stop
-    (``--max-update``, ``--max-epoch``), and the devices the run is on."""
+    """What makes a run another run, by flag (``DATA``: the data folder's absolute path), from
+    a fairseq config or a checkpoint's dict. Not what only logs, validates, saves, says when
+    to stop, or places the run."""
     sections = {name: _section(cfg, name) for name in _section_names(cfg)}
     out: dict[str, Any] = {}
     for name in _ORDER:

@@ -1,14 +1,9 @@
-"""One training per ``--save-dir``: a lock file held for the life of the run.
+"""One training per ``--save-dir``: ``SAVE_DIR/training.lock``, held for the life of the run.
 
-Two trainings in one save folder (two seeds started together, the same command twice) both
-write ``checkpoint_last.pt`` / ``checkpoint_best.pt``, and one run's checkpoints silently
-replace the other's. :func:`acquire` takes ``SAVE_DIR/training.lock`` with ``flock`` (the
-kernel releases it when the process ends, however it ends) and writes who holds it (pid, host,
-start time, command line) into it; a second training in the folder stops at once, naming the
-first. A lock file whose holder ended without removing it (killed) is taken over with a
-warning that names it. The file is removed when the run ends normally.
-
-Only one process of a data-parallel run takes it (rank 0, which writes the checkpoints).
+Two trainings in one folder would silently replace each other's checkpoints. :func:`acquire`
+takes the file with ``flock`` (released by the kernel however the process ends) and writes
+its holder into it; a second training stops naming the first, and a killed holder's file is
+taken over with a warning. Rank 0 alone takes it.
 """
 
 from __future__ import annotations
@@ -124,12 +119,8 @@ def _in_use(save_dir: str, path: str, holder: Holder | None) -> SaveDirInUse:
 
 
 def acquire(save_dir: str) -> SaveDirLock | None:
-    """Takes ``save_dir``'s lock for this process (until it ends or :meth:`SaveDirLock.release`).
-
-    Raises :class:`SaveDirInUse` naming the holder when another live process holds it.
-    Returns None where the file system cannot lock files (logged: two runs would then go
-    unnoticed). Taking a lock this process already holds returns that lock.
-    """
+    """Takes ``save_dir``'s lock for this process (:class:`SaveDirInUse` when another live
+    process holds it); None, logged, where the file system cannot lock."""
     if _key(save_dir) in _HELD:
         return _HELD[_key(save_dir)]
     os.makedirs(save_dir, exist_ok=True)

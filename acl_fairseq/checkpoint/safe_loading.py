@@ -1,22 +1,11 @@
 """Loads fairseq checkpoints under torch >= 2.6 and stops early on the wrong checkpoint.
 
-Since torch 2.6 ``torch.load`` defaults to ``weights_only=True``; fairseq checkpoints pickle an
-``argparse.Namespace`` (``args``), so ``fairseq-validate --path``, ``--restore-file``, resuming
-from ``checkpoint_last.pt`` and ``from_pretrained`` fail with "Weights only load failed".
-
-:func:`install` wraps ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (the one function
-every fairseq entry point loads checkpoints through), for every task and criterion (fairseq's
-own ``sentence_prediction`` too, once ``--user-dir acl_fairseq`` is given): during that call
-only, the few plain-data classes fairseq checkpoints hold are allow-listed for the weights-only
-unpickler. Every other ``torch.load`` in the process keeps torch's default. A file that is not a
-fairseq checkpoint (a Hugging Face state dict or ``.safetensors`` file, a plain tensor dict, an
-empty or truncated file) fails with a message that says what to do.
-
-:func:`check_restore_file` (run by ``fairseq-train``'s restore step, see
-:mod:`acl_fairseq.checkpoint.save_dir`): an explicit ``--restore-file`` that does not exist
-stops training before it starts; fairseq would only log "No existing checkpoint found" and
-train from random weights. The default ``checkpoint_last.pt`` keeps fairseq's meaning: resume
-from ``SAVE_DIR/checkpoint_last.pt`` if it exists, else start fresh.
+torch >= 2.6 loads with ``weights_only=True``, which refuses the ``argparse.Namespace`` in
+fairseq checkpoints. :func:`install` wraps ``checkpoint_utils.load_checkpoint_to_cpu`` (every
+fairseq entry point's load) to allow-list, during that call only, the plain-data classes they
+hold; a file that is no fairseq checkpoint gets a message saying what to do.
+:func:`check_restore_file`: a missing explicit ``--restore-file`` stops the run (fairseq would
+train from random weights).
 """
 
 import argparse
@@ -103,10 +92,8 @@ def _not_fairseq_message(path: str, found: str) -> str:
 
 
 def diagnose(path: str) -> str | None:
-    """Why ``path`` is not a fairseq checkpoint, or None if it may be one (or cannot be read).
-
-    Reads the file with ``torch.load(weights_only=True)``, which runs no code from the file.
-    """
+    """Why ``path`` is not a fairseq checkpoint, or None if it may be one (or cannot be read);
+    read with ``weights_only=True``, which runs no code from the file."""
     if _is_safetensors(path):
         return _hf_message(path, "a .safetensors file")
     try:
@@ -186,12 +173,8 @@ def _check_loadable(load_fn):
 
 # ----------------------------------------------------------------- --restore-file
 def check_restore_file(cfg, suffix: str | None = "") -> str | None:
-    """Raises when an explicit ``--restore-file`` names no file; returns the path fairseq
-    will restore (None for the default, which resumes only if there is something to resume).
-
-    ``cfg`` is fairseq's checkpoint config. An explicit path equal to
-    ``SAVE_DIR/checkpoint_last.pt`` means the same as the default and may be missing.
-    """
+    """Raises when an explicit ``--restore-file`` (``cfg``: fairseq's checkpoint config)
+    names no file; the path fairseq will restore, None for the default (may be missing)."""
     restore = cfg.restore_file
     last = os.path.join(cfg.save_dir, f"checkpoint_last{suffix or ''}.pt")
     if restore == DEFAULT_RESTORE_FILE:

@@ -1,25 +1,11 @@
 """fairseq-train's restore step (``checkpoint_utils.load_checkpoint``), with the ``--save-dir``
 checked before anything is restored, trained or written.
 
-On the worker that writes the checkpoints (rank 0), in this order (:func:`check_save_dir`):
-
-1. an explicit ``--restore-file`` that is missing or a folder stops the run
-   (:func:`~acl_fairseq.checkpoint.safe_loading.check_restore_file`);
-2. the folder's lock (:mod:`~acl_fairseq.checkpoint.run_lock`): a second training in the folder
-   stops, naming the first. Not with ``--no-save``, which writes nothing there;
-3. the leftovers of an interrupted save (``NAME.pt.tmp``, see
-   :mod:`~acl_fairseq.checkpoint.atomic_files`) are removed, each named in the log;
-4. a damaged ``checkpoint_last.pt`` (empty, truncated) stops the run, naming the newest intact
-   checkpoint of the same run to pass as ``--restore-file``;
-5. a ``checkpoint_last.pt`` of another run stops it, naming the settings that differ
-   (:func:`~acl_fairseq.checkpoint.resume.check_resume`);
-6. a finished run (``update N of --max-update N``, the last epoch of ``--max-epoch``): one line
-   says so, and the command ends with status 0 before anything is trained or rewritten
-   (fairseq would train one more update and replace ``checkpoint_best.pt``);
-7. a checkpoint of this run newer than ``checkpoint_last.pt`` (a save interrupted after its
-   first file): a warning names it.
-
-The outcome is broadcast, so every worker of a data-parallel run stops or goes on together.
+On rank 0, in this order (:func:`check_save_dir`): a missing ``--restore-file``, the
+folder's lock (not with ``--no-save``), the leftovers of an interrupted save removed, a
+damaged ``checkpoint_last.pt`` (the newest intact one named), another run's checkpoint, a
+finished run (exit 0, nothing rewritten), a newer checkpoint than the last (a warning). The
+outcome is broadcast, so every worker stops or goes on together. docs/usage.md, "Training".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""What a checkpoint was trained on, recorded in it and checked against the folder it is used
-with: the data folder (its absolute path, its ``prepare_glue.json`` task), the label list in the
-model's class order, single sentences or pairs, and the text encoding (the input dictionary and
-the tokenizer's files).
+"""What a checkpoint was trained on: the data folder, the label list in class order, single
+sentences or pairs, the input dictionary and tokenizer files.
 
-``--task acl_sentence_prediction`` records it at training in the task's state, which fairseq
-saves as the checkpoint's ``task_state`` (plain strings and lists: every fairseq tool still
-loads the checkpoint). At inference (``load_for_inference``, ``from_pretrained``)
-:func:`check_folder` compares it with the folder given: other labels, another vocabulary or
-tokenizer, or pairs for single sentences stop with a message naming both folders; the same
-labels in another order are named by the checkpoint's list. A checkpoint without the record
-(older, or trained with ``--task sentence_prediction``) is used with a warning.
+Recorded at training in the checkpoint's ``task_state`` (plain strings and lists) and
+compared at inference with the folder given (:func:`check_folder`). A checkpoint without the
+record is used with a warning.
 """
 
 from __future__ import annotations
@@ -147,17 +141,9 @@ def check_folder(
     flag: str = "--data",
     num_classes: int | None = None,
 ) -> FolderCheck:
-    """Compares a checkpoint's record with the folder it is used with (``describe_folder``).
-
-    Args:
-        record: the checkpoint's record (``recorded``), ``None`` for a checkpoint without one.
-        flag: how the folder was given, for the messages (``--data``, ``data_name_or_path``).
-        num_classes: the checkpoint's class count (``cfg.task.num_classes``), checked when
-            there is no record.
-    Raises:
-        DataMismatch: pairs for single sentences (or the reverse), other labels, another
-            input dictionary or tokenizer (checked in this order).
-    """
+    """Compares a checkpoint's ``record`` (None: none; then ``num_classes`` is checked) with
+    the folder given by ``flag``: ``DataMismatch`` for pairs against single sentences, other
+    labels, another dictionary or tokenizer."""
     here = f"{flag} {folder['data']}"
     labels = folder["labels"]
     if record is None:

@@ -1,18 +1,10 @@
 """What the criterions share: config mixins, their one validator, the loss-terms criterion.
 
-Configs are composed, not re-declared: :class:`ContrastiveConfig` (``--contrastive-lambda``,
-``--temperature``) and :class:`~acl_fairseq.acl_grad.AclGradConfig` (``--acl-grad`` /
-``--no-acl-grad``, ``--acl-grad-threshold``, ``--acl-grad-scope``) are mixed into fairseq's
-``sentence_prediction`` config (``acl_embed``, ``ce_scl``) or ``multi_exit_ce``'s
-(``acl_cross_layer``), and :func:`validate_criterion_config` checks every one of them.
-
-A criterion here returns its loss as separate terms (:class:`LossTerms`), so the task's
-``train_step`` can compare their gradients (ACL-Grad). ``forward`` returns their sum, which
-is what validation and a plain ``train_step`` use.
-
-Losses are summed over the batch like fairseq's ``sentence_prediction``: the contrastive term
-is ``lambda * N * contrastive_mean`` so that, after the trainer divides by ``sample_size = N``,
-the objective is ``CE_mean + lambda * contrastive_mean``.
+:class:`ContrastiveConfig` and :class:`~acl_fairseq.acl_grad.AclGradConfig` are mixed into
+the criterions' configs, checked by :func:`validate_criterion_config`. A criterion returns its
+loss as terms (:class:`LossTerms`) so ACL-Grad can compare their gradients; ``forward``
+returns the sum. The contrastive term is ``lambda * N * mean``, so that after fairseq divides
+by ``sample_size = N`` the objective is ``CE_mean + lambda * contrastive_mean``.
 """
 
 import argparse
@@ -105,11 +97,8 @@ def config_type(cfg: Any) -> type:
 
 
 def validate_criterion_config(cfg: Any, criterion_name: str) -> None:
-    """Raises ValueError naming the flag when a hyper-parameter of ``cfg`` is out of range.
-
-    The one validator of every criterion config here (a dataclass or its hydra node): each
-    rule applies to the configs that have its field.
-    """
+    """Raises naming the flag when a hyper-parameter of ``cfg`` (a dataclass or hydra node)
+    is out of range; each rule applies to the configs that have its field."""
     fields = {f.name for f in dataclasses.fields(config_type(cfg))}
     if cfg.regression_target:
         needs = "a contrastive loss needs" if "temperature" in fields else "it needs"
@@ -125,11 +114,8 @@ def validate_criterion_config(cfg: Any, criterion_name: str) -> None:
 
 @contextlib.contextmanager
 def capture_input(module: nn.Module) -> Iterator[list[Tensor]]:
-    """Records the first positional input of ``module`` during the ``with`` block.
-
-    Used to read a classification head's pooled feature ``h`` (the input of its
-    ``out_proj``) without copying the head's forward.
-    """
+    """Records the first positional input of ``module`` during the ``with`` block (a head's
+    pooled feature ``h``, the input of ``out_proj``)."""
     seen: list[Tensor] = []
 
     def hook(_module: nn.Module, args: tuple[Tensor, ...]) -> None:
@@ -173,14 +159,9 @@ def add_predictions(
 
 
 class LossTermsCriterion(SentencePredictionCriterion):
-    """A ``sentence_prediction`` criterion whose loss is CE + a contrastive term: an
-    :class:`~acl_fairseq.acl_grad.AclGradCriterion` of ``--task acl_sentence_prediction``.
-
-    Subclasses implement ``loss_terms``; ``forward`` returns the sum, and the metrics are
-    fairseq's (accuracy, MCC / F1 when asked) plus ``ce_loss`` and ``contrastive_loss``. A
-    config with :class:`~acl_fairseq.acl_grad.AclGradConfig` turns ACL-Grad on or off
-    (``acl_grad``); without it, ACL-Grad is off.
-    """
+    """A ``sentence_prediction`` criterion whose loss is CE + a contrastive term.
+    Subclasses implement ``loss_terms``; metrics are fairseq's plus ``ce_loss`` and
+    ``contrastive_loss``. ACL-Grad is off unless the config has ``acl_grad`` on."""
 
     name = "loss_terms"
 

@@ -1,15 +1,9 @@
 """``--criterion ce_scl``: the CE+SCL baseline (Gunel et al., ICLR 2021).
 
-Same pooled feature, same weighting and temperature flags as ``acl_embed``, so the two
-compare fairly; SupCon runs over the N samples only (no label embeddings). ACL-Grad is off by
-default and can be turned on with ``--acl-grad``.
-
-SCL over a worker's batch needs an anchor with a positive (another example of its label) and a
-third example in its denominator: a batch of 1 has no pair, and in a batch of 2 the only other
-example is either not a positive or the anchor's whole denominator (loss 0, no gradient). So
-``--batch-size`` 1 or 2 would train
-plain CE; :meth:`CeSclCriterion.check_batch_size` refuses it at set-up, and warns when most
-examples of a batch would have no positive.
+Same pooled feature and flags as ``acl_embed``, SupCon over the N samples only; ACL-Grad off
+by default (``--acl-grad``). SCL needs a positive and a third example per anchor, so
+``--batch-size`` 1 or 2 would train plain CE: :meth:`CeSclCriterion.check_batch_size` refuses
+it.
 """
 
 import logging

@@ -1,12 +1,9 @@
 """Contrastive losses of ACL, in pure torch (no fairseq import).
 
-Notation: N samples in a batch, K classes, C feature size. ``features`` are the pooled
-vectors ``h`` that a classifier's ``out_proj`` consumes; ``label_embeddings`` are the rows
-``l_k`` of ``out_proj.weight``, so CE logits are ``h . l_k + b_k`` and both live in one space.
-
-All losses are computed in float32 (also under fp16/bf16 autocast): vectors are
-L2-normalised, similarities divided by the temperature, and the log-softmax uses
-log-sum-exp, so a temperature of 0.05 stays finite.
+N samples, K classes, C features. ``features``: the pooled ``h`` that a classifier's
+``out_proj`` consumes; ``label_embeddings``: the rows ``l_k`` of ``out_proj.weight`` (CE
+logits are ``h . l_k + b_k``: one space). Computed in float32, also under autocast, with
+log-sum-exp, so small temperatures stay finite.
 """
 
 from __future__ import annotations
@@ -30,16 +27,8 @@ def supcon_loss(vectors: Tensor, labels: Tensor, temperature: float) -> Tensor:
 
         L_a = -1/|P(a)| * sum_{p in P(a)} log( exp(a.p/tau) / sum_{q != a} exp(a.q/tau) )
 
-    and the loss is the mean of ``L_a`` over the anchors that have at least one positive.
-    Anchors without a positive contribute nothing; if no anchor has one, the loss is 0
-    (still connected to the graph, so ``backward`` works and gives zero gradients).
-
-    Args:
-        vectors: A x C, not necessarily normalised (normalised here).
-        labels: A, integer labels.
-        temperature: tau > 0.
-    Returns:
-        scalar float32 tensor.
+    averaged over the anchors with a positive (none: 0, still in the graph). ``vectors``:
+    A x C (normalised here), ``labels``: A; a float32 scalar.
     """
     if vectors.dim() != 2 or labels.dim() != 1 or labels.size(0) != vectors.size(0):
         raise ValueError(
@@ -68,12 +57,8 @@ def supcon_loss(vectors: Tensor, labels: Tensor, temperature: float) -> Tensor:
 
 
 def supervised_contrastive_loss(features: Tensor, labels: Tensor, temperature: float) -> Tensor:
-    """The CE+SCL baseline's term (Gunel et al. 2021): SupCon over the N samples alone.
-
-    Args:
-        features: N x C pooled features.
-        labels: N.
-    """
+    """The CE+SCL baseline's term (Gunel et al. 2021): SupCon over the N samples alone
+    (``features`` N x C, ``labels`` N)."""
     return supcon_loss(features, labels, temperature)
 
 
@@ -84,16 +69,9 @@ def _label_ids(num_classes: int, like: Tensor) -> Tensor:
 def acl_embed_loss(
     features: Tensor, labels: Tensor, label_embeddings: Tensor, temperature: float
 ) -> Tensor:
-    """ACL-Embed: SupCon over the N samples plus the K label embeddings (N + K vectors).
-
-    Label embedding ``k`` is a sample of class ``k``, so every sample has a positive (its
-    label embedding), also at batch size 1 or with a single class in the batch.
-
-    Args:
-        features: N x C pooled features.
-        labels: N, values in [0, K).
-        label_embeddings: K x C (the classifier's ``out_proj.weight``).
-    """
+    """ACL-Embed: SupCon over the N samples (``features`` N x C, ``labels`` N) plus the K
+    label embeddings (K x C), each a sample of its class: every sample has a positive, at
+    any batch size."""
     vectors = torch.cat([features, label_embeddings.to(features.dtype)], dim=0)
     all_labels = torch.cat([labels, _label_ids(label_embeddings.size(0), labels)])
     return supcon_loss(vectors, all_labels, temperature)
@@ -107,16 +85,9 @@ def cross_layer_loss(
     labels: Tensor,
     temperature: float,
 ) -> Tensor:
-    """ACL-CL: SupCon over a shallow exit's and the last exit's samples and labels.
-
-    The set is ``{h^m_i} + {l^m_k} + {h^M_i} + {l^M_k}`` (2N + 2K vectors); teacher vectors
-    are detached here, so only the student (shallow exit) receives gradients.
-
-    Args:
-        student_features, teacher_features: N x C.
-        student_label_embeddings, teacher_label_embeddings: K x C.
-        labels: N.
-    """
+    """ACL-CL: SupCon over a shallow exit's and the last exit's features (N x C) and label
+    embeddings (K x C), 2N + 2K vectors; the teacher's are detached, so only the student
+    learns."""
     dtype = student_features.dtype
     vectors = torch.cat(
         [

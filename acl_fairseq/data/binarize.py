@@ -24,12 +24,8 @@ logger = logging.getLogger("prepare_glue")
 
 
 def run_fairseq_preprocess(args: list[str], use_subprocess: bool = False) -> None:
-    """Run ``fairseq-preprocess ARGS``.
-
-    By default in this process through ``fairseq_cli.preprocess.main`` (importing fairseq
-    costs several seconds, paid once instead of once per call); with ``use_subprocess`` as
-    the ``fairseq-preprocess`` executable next to ``sys.executable`` (or ``python -m``).
-    """
+    """Runs ``fairseq-preprocess ARGS``: in this process (fairseq imported once, not once per
+    call), or with ``use_subprocess`` as the executable next to ``sys.executable``."""
     logger.debug("fairseq-preprocess %s", " ".join(args))
     if use_subprocess:
         exe = Path(sys.executable).with_name("fairseq-preprocess")
@@ -86,10 +82,8 @@ def _write_lines(path: Path, lines: Iterable[str]) -> None:
 
 
 def prepare_tasks(tasks: Sequence[TaskSpec], glue_dir: Path | None, opts: Options) -> list[Path]:
-    """Read and check every task's rows first, then prepare each; returns the TASK-bin folders.
-
-    Bad rows (reported with file and line) stop everything unless ``opts.skip_bad_rows``.
-    """
+    """Reads and checks every task's rows first, then prepares each; the TASK-bin folders.
+    Bad rows stop everything unless ``opts.skip_bad_rows``."""
     loaded = []
     all_bad: list[BadRow] = []
     for task in tasks:

@@ -1,8 +1,5 @@
-"""The splits of a data folder: raw rows drawn into few-shot splits (k per class, a dev of the
-same size from the rest of the pool; the pool without the test split's texts and without
-repeated texts; the splits checked disjoint by text), and the binarized splits of a prepared folder
-(``DATA/input0``, ``DATA/label``): whether a split is there, how many examples and classes it
-has, and its first examples as evaluation batches in a fixed order."""
+"""The splits of a data folder: few-shot draws from raw rows (disjoint by text), and a prepared
+folder's binarized splits: present or not, examples and classes, evaluation batches."""
 
 from __future__ import annotations
 
@@ -149,10 +146,8 @@ def check_split(data: str | Path, split: str) -> None:
 
 
 def count_examples(data: Path, split: str = "train") -> int:
-    """Examples in ``DATA/input0/SPLIT`` (reads the index header; fairseq as a fallback).
-
-    Raises ``FileNotFoundError`` naming the index file when the split is not there.
-    """
+    """Examples in ``DATA/input0/SPLIT``, from the index header (``FileNotFoundError`` naming
+    the index file when missing)."""
     idx = data / "input0" / f"{split}.idx"
     if not idx.exists():
         raise AclFileNotFoundError(
@@ -169,10 +164,8 @@ def count_examples(data: Path, split: str = "train") -> int:
 
 
 def count_classes(data: Path) -> int:
-    """Labels listed with a non-zero count in ``DATA/label/dict.txt`` (as the task checks).
-
-    Raises ``FileNotFoundError`` when there is no such file.
-    """
+    """Labels with a non-zero count in ``DATA/label/dict.txt`` (``FileNotFoundError`` when
+    missing)."""
     path = data / "label" / "dict.txt"
     if not path.exists():
         raise AclFileNotFoundError(f"{path} not found: pass --num-classes")
@@ -192,14 +185,8 @@ def load_batches(
     device: torch.device | str = "cpu",
     max_positions: Any = None,
 ) -> list[tuple[Tensor, Tensor]]:
-    """The first ``max_examples`` examples of ``split`` (in the file's order: the split as
-    drawn, not its shortest examples), ``batch_size`` per batch, as ``(src_tokens B x T,
-    target B)`` on ``device``.
-
-    Uses the task's dataset and ``task.get_batch_iterator`` (no shuffling): batches follow the
-    task's length order, and every batch size sees the same examples in the same order.
-    Examples longer than ``max_positions`` are skipped.
-    """
+    """The first ``max_examples`` examples of ``split`` in file order, as ``(src_tokens B x T,
+    target B)`` batches on ``device``, unshuffled; longer than ``max_positions``: skipped."""
     if split not in task.datasets:
         task.load_dataset(split)
     dataset = task.dataset(split)
@@ -223,10 +210,8 @@ def load_batches(
 
 
 class FirstExamples(BaseWrapperDataset):
-    """A split restricted to its first ``n`` examples in file order (original indices below
-    ``n``). The task orders a split by length, so the first ``n`` of *that* order would be its
-    ``n`` shortest sentences: easier and faster than the split, which would flatter accuracy
-    and timings measured on them."""
+    """A split's first ``n`` examples in file order (the first ``n`` in the task's length order
+    would be its shortest, flattering accuracy and speed)."""
 
     def __init__(self, dataset: Any, n: int):
         super().__init__(dataset)

@@ -163,12 +163,8 @@ class SplitData:
 
 
 def iter_tsv(path: Path, header: bool) -> Iterable[tuple[int, list[str] | None]]:
-    """Yield ``(line_number, fields)`` for the data lines of a TSV file.
-
-    Lines are split on ``\\n`` only and fields on ``\\t`` only, without any quoting, exactly
-    like ``cut -f`` in fairseq's recipe (GLUE text contains quote characters). ``fields`` is
-    None when the line is not valid UTF-8.
-    """
+    """``(line_number, fields)`` of a TSV file's data lines, split on tab without quoting, like
+    fairseq's ``cut -f`` (GLUE text has quotes); ``fields`` is None for a line not UTF-8."""
     data = path.read_bytes()
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]

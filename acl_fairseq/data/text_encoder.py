@@ -1,14 +1,9 @@
 """New text encoded exactly as a prepared folder's splits were: the one encoder of raw text.
 
-``TextEncoder`` is the tokenizer recorded by ``acl-fairseq-prepare`` (``prepare_glue.json``):
-``tokens(text)`` are what preparation writes into the text files that fairseq-preprocess
-binarizes, and ``encode`` / ``decode`` (one text to its space-joined token line and back) make
-it a fairseq ``bpe``, the hub interface's. ``ExampleEncoder`` adds what the task does:
-the source dictionary (``encode_line(..., append_eos=True, add_if_not_exist=False)``, as
-fairseq-preprocess), then as ``SentencePredictionTask.load_dataset``: ``--init-token``
-prepended to input0 and, for pairs, ``--separator-token`` prepended to input1 and both
-concatenated; over-long examples are cut (``--shorten-method truncate``) or refused. Used by
-preparation, ``acl-fairseq-predict`` and ``MultiExitRobertaHubInterface.encode``.
+``TextEncoder``: the tokenizer recorded by ``acl-fairseq-prepare``, also a fairseq ``bpe``
+(``encode`` / ``decode``). ``ExampleEncoder`` adds what fairseq-preprocess and
+``SentencePredictionTask.load_dataset`` do: the dictionary, ``--init-token``, the separator of
+pairs, and over-long examples cut or refused. Used by preparation, predict and the hub.
 """
 
 from __future__ import annotations

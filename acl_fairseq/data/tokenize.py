@@ -116,11 +116,8 @@ def train_sentencepiece(
 
 
 def sentencepiece_dictionary(model: Path, train_lines: Iterable[str], path: Path) -> int:
-    """Write a fairseq dict.txt holding every piece of ``model`` (counts from the train data).
-
-    One dictionary shared by input0 and input1 (``sentence_prediction`` uses input0's for both)
-    and complete, so valid/test pieces unseen in train do not become ``<unk>``.
-    """
+    """Writes a dict.txt of every piece of ``model`` (counts from train): one for input0 and
+    input1, and complete, so pieces unseen in train do not become ``<unk>``."""
     import sentencepiece as spm
     from fairseq.data import Dictionary
 

@@ -89,11 +89,8 @@ def wordpiece_lowercase_default(vocab: str) -> bool:
 
 
 class WordPieceTokenizer:
-    """BERT WordPiece via the ``tokenizers`` library, without [CLS]/[SEP].
-
-    BERT special tokens in the output (e.g. ``[UNK]`` for unknown characters) are mapped to
-    fairseq's specials, since the converted ``dict.txt`` does not list them.
-    """
+    """BERT WordPiece via ``tokenizers``, without [CLS]/[SEP]; BERT's specials in the output
+    become fairseq's (the converted ``dict.txt`` lacks them)."""
 
     def __init__(self, vocab: str, lowercase: bool | None) -> None:
         from tokenizers import BertWordPieceTokenizer

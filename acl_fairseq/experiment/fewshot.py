@@ -1,16 +1,9 @@
-"""The few-shot protocol of the study (docs/results.md, second round: few-shot with a dev split
-of its own), as functions of the library: ``acl-fairseq-fewshot`` runs it on any labelled TSV,
-``python -m studies`` on the movie sentences.
+"""The study's few-shot protocol, run by ``acl-fairseq-fewshot`` and ``python -m studies``.
 
-For each size k (examples per class) and draw d: k examples per class drawn from the pool for
-training and k per class from the rest of the pool for dev (``data.splits.fewshot_train_dev``,
-seeded by d); every method (CE, CE+SCL, ACL) trains the same number of updates (``UPDATES``),
-validated every ``VALIDATE_EVERY`` updates, with the draw's number as its seed, once per
-learning rate of the grid (``LEARNING_RATES``); per method and draw the learning rate with the
-best dev accuracy is chosen (:func:`best_on_dev`) and its checkpoint (best on dev) is reported
-on the test split. :func:`read_draw` reads a draw's runs (``acl-fairseq-compare`` results
-under :func:`runs_folder`) and the chosen runs' per-example test predictions;
-``experiment.fewshot_report`` makes the table and its paired tests.
+Per size k and draw d: k per class for training and k for dev, drawn from the pool; every
+method trains ``UPDATES`` updates with seed d at each of ``LEARNING_RATES``; the rate best on
+dev is chosen (:func:`best_on_dev`) and reported on test (:func:`read_draw`). The protocol:
+docs/usage.md, "Few-shot on your own labelled TSV".
 """
 
 from __future__ import annotations
@@ -93,11 +86,9 @@ def compare_args(
     model: Sequence[str] = (),
     extra: str = "",
 ) -> list[str]:
-    """The ``acl-fairseq-compare`` arguments of one learning rate of one draw: every method,
-    the draw's number as seed, ``updates`` updates (as many epochs as that takes), validation
-    and the best checkpoint every ``validate_every`` updates, CE+SCL without the angle
-    measurement, batches of similar length. ``model``: the model flags (``--restore-file``,
-    ``--arch-args-file`` ...); ``extra``: more fairseq-train flags (:func:`protocol_extra`)."""
+    """The ``acl-fairseq-compare`` arguments of one learning rate of one draw (seed ``draw``,
+    ``updates`` updates, validated every ``validate_every``); ``model``: the model flags;
+    ``extra``: more fairseq-train flags (:func:`protocol_extra`)."""
     return [
         str(data), "--out", str(out), "--methods", ",".join(methods), "--seeds", str(draw),
         "--lr", f"{lr:g}", "--max-update", str(updates),
@@ -142,10 +133,9 @@ class DrawResult:
 def read_draw(
     out: str | Path, per_class: int, draw: int, methods: Sequence[str], lrs: Sequence[float]
 ) -> list[DrawResult]:
-    """Every method's result on a draw from its finished runs under ``out``: dev and test
-    accuracy at each learning rate of ``lrs`` and the chosen run's per-example test
-    predictions (``predictions.tsv``, when kept). ``FileNotFoundError`` naming the first run
-    that is not finished."""
+    """Every method's result on a draw from its runs under ``out``: dev and test accuracy per
+    learning rate, the chosen run's per-example predictions; ``FileNotFoundError`` naming the
+    first unfinished run."""
     results = []
     for method in methods:
         dev, test, subset = {}, {}, "test"

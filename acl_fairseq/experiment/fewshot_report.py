@@ -1,15 +1,7 @@
-"""The report of a few-shot study (``experiment.fewshot``), with the tests and the rule of the
-study's pages (``python -m studies report``, paired.csv): per size, the mean test accuracy of
-each method, then per pair of methods (every method against the first, the later ones
-pairwise) the per-draw differences with
-
-* the paired t-test over draws (the spread between draws and trainings);
-* the exact McNemar test over the test examples, pooled over the draws (the runs at the
-  learning rates chosen on dev), and a paired bootstrap of the mean difference over the
-  examples (95% interval): the spread between examples;
-* Holm's correction over every row of every size (one family), for each test apart;
-* a verdict (better / worse) only when both corrected p-values are below ``ALPHA``
-  (``paired_tests.verdict``), else no difference.
+"""The table of a few-shot study: per size, each method's mean test accuracy; per pair of
+methods the per-draw differences, the t-test over draws, McNemar and a paired bootstrap over
+examples, Holm-corrected over every row, and a verdict only when both corrected p-values are
+below ``ALPHA`` (``experiment.paired_tests``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Paired tests of two methods (no fairseq import): over seeds, over examples, and a
 correction for the number of tests.
 
-* :func:`seed_t_test`: the paired t-test over seeds (or draws) of the accuracy differences:
-  the spread between trainings.
-* :func:`mcnemar`: the exact McNemar test over examples: the examples one method gets right
-  and the other wrong, pooled over the seeds that both have (each seed pairs two trainings on
-  the same examples); the spread between examples.
-* :func:`paired_bootstrap`: the mean over seeds of the accuracy difference, with a confidence
-  interval and a two-sided p-value from resampling the examples (the same resample for every
-  seed, so the pairing is kept).
-* :func:`holm`: Holm's step-down correction of a family of p-values.
-* :func:`verdict`: the rule of the study's pages: a difference is a verdict (better / worse)
-  only when every corrected test it is judged by is below ``ALPHA``.
+:func:`seed_t_test` (over seeds: the spread between trainings), :func:`mcnemar` and
+:func:`paired_bootstrap` (over examples, pooled over seeds), :func:`holm`, and
+:func:`verdict`: better / worse only when every corrected test is below ``ALPHA``.
 """
 
 from __future__ import annotations
@@ -54,12 +46,8 @@ class McNemarResult(NamedTuple):
 
 
 def mcnemar(ours: Sequence[Sequence[bool]], theirs: Sequence[Sequence[bool]]) -> McNemarResult:
-    """Exact McNemar test over examples, discordant pairs pooled over seeds.
-
-    Args:
-        ours, theirs: per seed, per example, whether the prediction is right (S x N each,
-            seed s of ``ours`` paired with seed s of ``theirs``).
-    """
+    """Exact McNemar test over examples, discordant pairs pooled over seeds; ``ours``,
+    ``theirs``: S x N, whether each prediction is right (seed s paired with seed s)."""
     if len(ours) != len(theirs):
         raise ValueError(f"{len(ours)} seeds against {len(theirs)}")
     b = c = 0
@@ -89,12 +77,8 @@ def paired_bootstrap(
     resamples: int = 10000,
     seed: int = 0,
 ) -> BootstrapResult:
-    """Paired bootstrap over examples of the seed-mean accuracy difference (see module doc).
-
-    The p-value is the percentile test of the shifted null: the share of resampled
-    differences ``d*`` with ``d* - d`` at least as far from 0 as ``d`` (two-sided), so 0
-    differences give p = 1. ``seed`` fixes the resampling (reproducible tables).
-    """
+    """Paired bootstrap over examples (one resample for every seed) of the seed-mean accuracy
+    difference; p: the two-sided shifted-null percentile test. ``seed`` fixes the draws."""
     a = np.asarray(ours, dtype=np.float64)
     b = np.asarray(theirs, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 2 or a.shape[1] == 0:
@@ -129,9 +113,8 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 def verdict(mean_difference: float, corrected: Sequence[float], alpha: float = ALPHA) -> str:
     """``better`` / ``worse`` (the sign of ``mean_difference``) when every p-value of
-    ``corrected`` (Holm-corrected within the family) is below ``alpha``, else ``no
-    difference``; a NaN p-value (a test that could not be made) is not below, and no p-value
-    at all gives no verdict."""
+    ``corrected`` is below ``alpha`` (NaN is not; none gives no verdict), else ``no
+    difference``."""
     significant = bool(corrected) and all(p < alpha for p in corrected)
     if not significant or mean_difference == 0:
         return "no difference"

@@ -1,16 +1,9 @@
-"""Per-example predictions of a trained run: computed once after training, kept beside the
-run's result, so that paired verdicts can be tested over examples (McNemar, bootstrap).
+"""Per-example predictions of a trained run (``predictions.tsv``), for paired tests over
+examples: computed (:func:`predict_split`), written and read here.
 
-``predictions.tsv``, one row per example of each split, in the split's own order::
-
-    split  index  label  exit1  exit2  ...  exit6
-
-``index`` is the example's position in the binarized split, ``label`` its gold class and
-``exitL`` the class predicted by the exit at layer ``L`` (the last column is the final exit;
-a single-exit model has that column only); classes are 0-based indices into the data folder's
-``label/dict.txt`` (after fairseq's special symbols), as ``sample["target"]`` holds them.
-
-This module is the one writer and reader of that file; :func:`predict_split` computes it.
+One row per example of each split, in the split's order: ``split index label exit1 ...``;
+``exitL`` is the class the exit at layer ``L`` predicts (the last column: the final exit),
+classes as ``sample["target"]`` holds them.
 """
 
 from __future__ import annotations
@@ -63,14 +56,8 @@ class SplitPredictions:
 def predict_split(
     model: Any, task: Any, split: str, batch_size: int = 64, head: str | None = None
 ) -> SplitPredictions:
-    """Every exit's prediction for every example of ``split`` (``model`` in eval mode, on its
-    device; ``task`` a loaded ``sentence_prediction`` task on the run's data folder).
-
-    A multi-exit model gives one column per exit (``exit_outputs``), any other RoBERTa its
-    final head only (registered at the encoder's last layer). The forward passes run as the
-    task validates: under its ``--autocast`` (a model trained in bf16 is evaluated in bf16 by
-    fairseq-validate too).
-    """
+    """Every exit's prediction for every example of ``split`` (a plain RoBERTa: its final
+    head), run as the task validates (under its ``--autocast``)."""
     from ..autocast import forward_precision
 
     head = head or getattr(task.cfg, "classification_head_name", "sentence_classification_head")
@@ -127,10 +114,8 @@ def write_predictions(path: str | Path, splits: Sequence[SplitPredictions]) -> P
 
 
 def read_predictions(path: str | Path) -> dict[str, SplitPredictions]:
-    """The splits of a ``predictions.tsv``, ``{split: SplitPredictions}``.
-
-    Raises ValueError naming the file for a header or row of the wrong form.
-    """
+    """``{split: SplitPredictions}`` of a ``predictions.tsv``; a header or row of the wrong
+    form is refused, naming the file."""
     path = Path(path)
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t"))

@@ -1,18 +1,9 @@
 """The fine-tuning recipe as ``fairseq-train`` command lines: the one builder of every tool.
 
-* ``METHODS`` and ``criterion_flags``: a method (``ce``, ``ce_scl``, ``acl``,
-  ``multi_exit_joint``, ``acl_cl``) and its criterion flags;
-* ``multi_exit_arch`` / ``model_flags``: the model flags (a converted BERT's
-  ``fairseq_args.txt``), switched to the multi-exit architecture;
-* ``train_command``: the recipe's common flags (``--task acl_sentence_prediction``, Adam with
-  fairseq's RoBERTa betas and weight decay, polynomial decay after a warm-up, the checkpoint
-  chosen on dev) in one order, each part given or left out;
-* ``GLUE_RECIPES`` and ``glue_commands``: fairseq's published RoBERTa GLUE recipe per task and
-  method, the commands ``scripts/glue/train.sh`` prints and runs (``acl_fairseq.cli.glue``);
-  ``configs/finetuning/*.yaml`` are tested against them;
-* ``shell_command``: a command line as a shell shows it, one flag per group, to read and copy.
-
-Used by ``acl-fairseq-compare`` (and so the study), ``acl-fairseq-demo`` and the tests.
+A method's criterion flags (``criterion_flags``), the model flags switched to the multi-exit
+architecture (``multi_exit_arch``), one run's command (``train_command``), fairseq's RoBERTa
+GLUE recipe per task (``GLUE_RECIPES``, ``glue_commands``; ``configs/`` is tested against it)
+and a command as a shell shows it (``shell_command``).
 """
 
 from __future__ import annotations
@@ -216,16 +207,9 @@ def train_command(
     user_dir: str | Path = USER_DIR,
 ) -> list[str]:
     """The ``fairseq-train`` command of one run; a part left at ``None`` is not on it.
-
-    ``restore``: ``--restore-file`` with ``--reset-optimizer --reset-dataloader
-    --reset-meters`` (a pretrained or stage-1 model); ``num_classes``: ``--num-classes`` and
-    ``--init-token 0`` (``--separator-token 2`` too with ``separator_token``); ``lr``: Adam
-    with betas (0.9, 0.98), eps 1e-6, weight decay 0.1 and polynomial decay over
-    ``total_updates`` after ``warmup_updates``; ``best_metric``: the checkpoint chosen on dev
-    (``maximize``), no epoch, last or optimizer-state copies; ``validate_interval_updates``:
-    validation (and so ``checkpoint_best.pt``) that often, one interval copy kept. ``extra``
-    comes last, so it overrides the rest.
-    """
+    ``restore`` resets the optimizer, data loader and meters; ``lr`` is Adam with fairseq's
+    RoBERTa settings and polynomial decay; ``best_metric`` keeps the checkpoint best on dev
+    only; ``extra`` comes last, so it overrides the rest."""
     cmd = [str(fairseq_train), str(data), "--user-dir", str(user_dir)]
     cmd += _flag("--task", task) + list(arch) + list(criterion)
     cmd += _flag("--exit-pooling", exit_pooling)
@@ -339,13 +323,9 @@ def glue_commands(
     user_dir: str | Path = USER_DIR,
     valid_subset: str | None = None,
 ) -> list[list[str]]:
-    """The ``fairseq-train`` command(s) of ``method`` on GLUE ``task``, as
-    ``scripts/glue/train.sh TASK METHOD EXTRA...`` runs them: one, or two for a multi-exit
-    method (stage 1: its ``STAGE1`` method on the multi-exit model without shallow exits,
-    into ``SAVE_DIR/stage1``; stage 2 restores its best checkpoint, into ``SAVE_DIR/stage2``).
-    ``pretrained`` None trains from random weights; ``valid_subset`` replaces the recipe's.
-    ``ValueError``: see :func:`glue_recipe`.
-    """
+    """The ``fairseq-train`` command(s) of ``method`` on GLUE ``task`` (``scripts/glue/
+    train.sh``): two for a multi-exit method (``SAVE_DIR/stage1``, then ``stage2`` restoring
+    its best). ``pretrained`` None: random weights. Bad names: see :func:`glue_recipe`."""
     recipe = glue_recipe(task, method)
     data = Path(data_dir) / f"{recipe.folder}-bin"
     multi_exit = method in MULTI_EXIT_METHODS

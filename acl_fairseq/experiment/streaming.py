@@ -17,10 +17,8 @@ def stream_to_log(
     on_line: Callable[[str], None] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> int:
-    """Runs ``cmd``, writing its output to ``log_file`` line by line (flushed) and passing each
-    line to ``on_line``; returns its exit status. ``env`` (default: this process's) gets
-    ``PYTHONUNBUFFERED=1``, so a Python child's lines arrive as it writes them. The child is
-    killed when the caller is interrupted (or ``on_line`` raises)."""
+    """Runs ``cmd`` (``PYTHONUNBUFFERED=1``), each output line written to ``log_file`` and
+    passed to ``on_line``; its exit status. The child is killed if the caller is interrupted."""
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     with open(log_file, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(

@@ -1,38 +1,14 @@
 """Convert a Hugging Face BERT checkpoint into a fairseq RoBERTa-architecture checkpoint.
 
-Input: a directory with ``config.json``, ``vocab.txt`` and the weights (``model.safetensors``,
-``pytorch_model.bin``, or a sharded ``*.index.json`` of either). ``BertModel`` checkpoints (no key
-prefix) and task checkpoints such as ``BertForMaskedLM`` / ``BertForSequenceClassification``
-(keys under ``bert.``) are accepted.
+Input: ``config.json``, ``vocab.txt`` and the weights (safetensors, ``.bin``, or sharded) of a
+``BertModel`` or a ``BertFor...`` checkpoint. Output (``acl-fairseq-convert-bert HF_DIR
+OUTDIR``): ``model.pt`` (tensors and plain containers, loaded strictly by ``fairseq-train
+--restore-file``), ``dict.txt`` (BERT's specials as fairseq's; the task appends ``<mask>``),
+``fairseq_args.txt`` (the model flags), ``bert_to_fairseq_ids.json`` and the tokenizer files.
 
-Output directory:
-
-* ``model.pt``: a checkpoint that ``fairseq-train --restore-file model.pt --arch roberta ...``
-  (with ``--reset-optimizer --reset-dataloader --reset-meters``) loads with a strict state-dict
-  load. It contains only tensors and plain Python containers, so ``torch.load(weights_only=True)``
-  can read it.
-* ``dict.txt``: the fairseq dictionary. fairseq prepends ``<s> <pad> </s> <unk>`` (BERT's
-  ``[CLS] [PAD] [SEP] [UNK]``) and the ``sentence_prediction`` / ``masked_lm`` tasks append
-  ``<mask>`` (BERT's ``[MASK]``), so the embedding matrix has ``len(dictionary) + 1`` rows.
-* ``fairseq_args.txt``: one line with the ``--arch``/``--encoder-*`` flags matching the weights.
-* ``bert_to_fairseq_ids.json``: list mapping every BERT token id to its fairseq index.
-* copies of ``vocab.txt`` (and ``tokenizer.json`` etc. when present) for data preparation.
-
-Architecture mapping (both are post-LN encoders with an embedding LayerNorm and learned positions):
-fairseq's learned positions start at ``padding_idx + 1 = 2``, so the position table gets
-``max_position_embeddings + 2`` rows and row ``2 + i`` is BERT position ``i``. BERT's
-``token_type_embeddings[0]`` is added to every position row (segment B embeddings are dropped).
-LayerNorm eps differs (BERT 1e-12, fairseq 1e-5): for MiniLM-L6 this alone moves hidden states by
-up to 7.5e-3 (embedding LayerNorm; 1.7e-3 after the last layer). Setting ``module.eps`` of every
-``nn.LayerNorm`` of the fairseq model to the value stored in ``model.pt["conversion"]
-["layer_norm_eps"]`` makes them match Hugging Face to ~1e-6.
-
-The converted model also loads through fairseq's hub interface::
-
-    RobertaModel.from_pretrained(OUTDIR, "model.pt", data_name_or_path=OUTDIR,
-                                 bpe="bert", bpe_vocab_file=f"{OUTDIR}/vocab.txt")
-
-The command: ``acl-fairseq-convert-bert HF_DIR OUTDIR``.
+Both are post-LN encoders: positions shift by ``padding_idx + 1`` rows, and BERT's segment-A
+embedding is added to every position row. BERT's LayerNorm eps differs from fairseq's: set
+every ``nn.LayerNorm``'s eps to ``model.pt["conversion"]["layer_norm_eps"]`` to match it.
 """
 
 from __future__ import annotations
@@ -116,12 +92,8 @@ def convert(
     classification_head: str | None = DEFAULT_HEAD,
     num_classes: int | None = None,
 ) -> dict[str, Any]:
-    """Convert ``hf_dir`` into ``out_dir/{model.pt,dict.txt,fairseq_args.txt,...}``.
-
-    Returns:
-        summary with ``fairseq_args`` (list[str]), ``arch`` (dict), ``num_embeddings`` (rows of
-        the embedding matrix = len(dictionary) + 1), ``bert_to_fairseq`` (list[int]) and paths.
-    """
+    """Converts ``hf_dir`` into ``out_dir``; a summary: ``fairseq_args``, ``arch``,
+    ``num_embeddings`` (``len(dictionary) + 1``), ``bert_to_fairseq`` and the paths."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     if not hf_dir.is_dir():
         raise ConversionError(f"HF_DIR {hf_dir} is not a directory")

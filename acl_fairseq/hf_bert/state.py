@@ -98,12 +98,8 @@ class ArchSpec:
 
 @dataclass(frozen=True)
 class VocabMapping:
-    """Row order of the fairseq embedding matrix.
-
-    ``symbols[j]`` is the fairseq symbol of row ``j`` (``<s> <pad> </s> <unk>``, the other BERT
-    tokens, ``<mask>`` last); ``fairseq_to_bert[j]`` is the BERT row it comes from (-1: none);
-    ``bert_to_fairseq[i]`` is the fairseq index of BERT token id ``i``.
-    """
+    """Row order of the fairseq embedding matrix: ``symbols[j]``, the BERT row it comes from
+    (``fairseq_to_bert[j]``, -1: none), and ``bert_to_fairseq[i]`` for BERT token id ``i``."""
 
     symbols: list[str]
     fairseq_to_bert: list[int]
@@ -241,14 +237,9 @@ def load_hf_state_dict(hf_dir: Path) -> dict[str, torch.Tensor]:
 def build_vocab_mapping(
     vocab: Sequence[str], special_tokens: Mapping[str, str] | None = None
 ) -> VocabMapping:
-    """Order BERT's vocabulary as a fairseq dictionary.
-
-    ``[CLS] [PAD] [SEP] [UNK]`` become ``<s> <pad> </s> <unk>`` (indices 0..3), the other tokens
-    follow in BERT id order and ``[MASK]`` becomes ``<mask>`` (last). Tokens that fairseq's
-    ``Dictionary`` cannot represent in ``dict.txt`` (empty, containing whitespace, clashing with a
-    fairseq special symbol, or an earlier duplicate that BERT's tokenizer never emits) keep their
-    row under a placeholder name ``<bert_unreachable_ID>``.
-    """
+    """BERT's vocabulary as a fairseq dictionary: its specials as ``<s> <pad> </s> <unk>``,
+    the rest in id order, ``<mask>`` last; a token ``dict.txt`` cannot hold keeps its row as
+    ``<bert_unreachable_ID>``."""
     special_tokens = {**DEFAULT_SPECIAL_TOKENS, **(special_tokens or {})}
     last_index = {tok: i for i, tok in enumerate(vocab)}  # later duplicates win, as in BERT
     special_ids: list[int] = []
@@ -355,23 +346,10 @@ def bert_state_to_fairseq(
     classification_head: str | None = DEFAULT_HEAD,
     num_classes: int | None = None,
 ) -> OrderedDict[str, torch.Tensor]:
-    """Map a Hugging Face BERT state dict onto fairseq ``RobertaModel`` parameter names.
-
-    Args:
-        state: Hugging Face tensors (any ``bert.`` prefix is detected).
-        spec: architecture from :func:`arch_from_config`.
-        fairseq_to_bert: BERT row of every fairseq embedding row (-1: mean embedding), length
-            ``len(dictionary) + 1``.
-        classification_head: if set (the default, fairseq's head name), add
-            ``classification_heads.NAME`` with ``dense`` from BERT's pooler and ``out_proj`` from
-            ``classifier`` (``BertForSequenceClassification``), else randomly initialised with
-            ``num_classes`` outputs, else with no output yet (0 x C: the pooler alone, which
-            the multi-exit model uses as its final head's ``dense``). None: no head.
-
-    Returns:
-        float32 state dict that ``RobertaModel.load_state_dict(strict=True)`` accepts: embeddings
-        (V', C) with V' = len(fairseq_to_bert), positions (max_positions + 2, C), layers, LM head.
-    """
+    """A Hugging Face BERT ``state`` as a float32 fairseq ``RobertaModel`` state dict (strict
+    load): embeddings V' x C in ``fairseq_to_bert`` order (-1: the mean embedding), positions
+    (max_positions + 2) x C. ``classification_head``: ``dense`` from the pooler, ``out_proj``
+    from ``classifier``, or random with ``num_classes`` outputs, or 0 x C; None: no head."""
     state = _normalize_keys(state)
     p = find_bert_prefix(state)
     head_p = p[: -len("bert.")] if p.endswith("bert.") else ""

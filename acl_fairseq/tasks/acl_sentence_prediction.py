@@ -1,26 +1,11 @@
 """``--task acl_sentence_prediction``: fairseq's ``sentence_prediction`` plus ACL-Grad.
 
-With a criterion of :class:`~acl_fairseq.acl_grad.AclGradCriterion` whose ACL-Grad is on,
-``train_step`` hands the micro-batch to the task's :class:`~acl_fairseq.acl_grad.AclGrad`
-(how and when the decision is taken is documented there); any other criterion, or ACL-Grad
-off, runs fairseq's own ``train_step``. ``--acl-grad-log`` is a task flag, so the angle log
-works for every criterion.
-
-The task also checks its input where fairseq would fail late or not at all: ``--num-classes``
-against ``label/dict.txt``; each split's files (a missing ``label/`` split, ``input1/`` missing
-for one split of a pair task, different example counts, empty or multi-token label lines);
-examples longer than ``--max-positions`` without ``--shorten-method`` (fairseq would drop them
-from training and stop at validation); a checkpoint of another vocabulary or architecture
-(``--restore-file``); and a criterion that cannot train the model just built (its
-``check_model``; a ``K`` of ``--acl-grad-scope top:K`` or ``--acl-grad-log-top-k`` beyond the
-encoder's layers), a ``--batch-size`` with which the criterion's loss would be plain CE (its
-``check_batch_size``) and an ``--acl-grad-log`` that cannot be written, each with a message
-that names the flag or file and the fix; the data checks themselves live in
-``acl_fairseq.tasks.input_checks``.
-
-``--group-by-length`` batches examples of similar length together (fairseq's random batches
-pad every example to the batch's longest, which for sentence pairs of uneven length costs
-about twice the tokens).
+With ACL-Grad on, ``train_step`` hands the micro-batch to the task's
+:class:`~acl_fairseq.acl_grad.AclGrad`; otherwise fairseq's own ``train_step`` runs.
+``--acl-grad-log`` is a task flag, so it works for every criterion. At set-up and load the
+task checks what fairseq would fail on late or not at all (the data: ``input_checks``; the
+checkpoint; the criterion against the model and ``--batch-size``), naming the flag or file.
+``--group-by-length`` batches examples of similar length (less padding).
 """
 
 import types

@@ -1,8 +1,5 @@
-"""Checks of the data that fail fast with a message naming the fix (the checkpoint's are in
-``acl_fairseq.checkpoint.fits``).
-
-Used by ``--task acl_sentence_prediction`` at set-up and load time, so that a wrong flag or a
-broken data folder fails before training starts rather than hours into it.
+"""Checks of the data by ``--task acl_sentence_prediction`` at set-up and load: a wrong flag
+or a broken data folder fails before training, naming the fix.
 """
 
 import logging
@@ -77,18 +74,10 @@ def _first_lines(mask: np.ndarray) -> str:
 
 
 def check_split_files(cfg, split: str, dictionary, label_dictionary, combine=False) -> None:
-    """Checks one split's binarized files before fairseq builds the dataset.
-
-    Raises when ``input0/SPLIT`` or ``label/SPLIT`` is missing, when ``input1/SPLIT`` is
-    missing although ``input1/`` holds other splits (a pair task whose SPLIT would silently be
-    read as single sentences), when the files disagree on the number of examples, or when a
-    label line is empty or holds several tokens (fairseq would fail on the first batch that
-    contains it), or when a label is not in ``label/dict.txt`` (:func:`check_labels_known`).
-    A pair dataset without any ``input1/`` cannot be told from a single-sentence one:
-    fairseq's GLUE recipes pass ``--separator-token`` for single-sentence tasks too, so that
-    case is only logged. Empty *input* lines are valid (e.g. QQP has empty questions):
-    they become ``<s></s>`` and are counted in a warning.
-    """
+    """Checks one split's binarized files before fairseq builds the dataset: missing
+    ``input0``/``label`` files, an ``input1`` split missing in a pair task, differing example
+    counts, empty or multi-token label lines, unknown labels. Empty input lines are valid
+    (QQP has some): counted in a warning."""
     data = cfg.data
     input0 = _load_split(data, "input0", split, dictionary, combine)
     if input0 is None:
@@ -194,11 +183,8 @@ def _raw_labels(data: str, n_lines: int, lines: list[int], label_dictionary) -> 
 
 
 def check_labels_known(data: str, split: str, label, label_dictionary) -> None:
-    """Raises when a label of ``label/SPLIT`` is not in ``label/dict.txt``.
-
-    fairseq-preprocess writes such a label as ``<unk>``; fairseq would train on the split, or
-    train a whole epoch before validation stops on it, with a message about ``--num-classes``.
-    """
+    """Raises when a label of ``label/SPLIT`` is not in ``label/dict.txt`` (preprocessed as
+    ``<unk>``: fairseq would train on it, or fail at validation)."""
     tokens = _label_tokens(label)
     unknown = tokens < label_dictionary.nspecial  # <unk> (or another special symbol)
     if not unknown.any():
@@ -219,11 +205,8 @@ def check_labels_known(data: str, split: str, label, label_dictionary) -> None:
 
 
 def check_lengths(cfg, split: str, sizes) -> None:
-    """Raises when an example is longer than ``--max-positions`` after any shortening.
-
-    Without ``--shorten-method`` fairseq drops such examples from training with a warning
-    and stops at validation, after a whole epoch; this fails at load time instead.
-    """
+    """Raises when an example is longer than ``--max-positions`` after any shortening
+    (fairseq would drop it from training and stop at validation)."""
     sizes = np.asarray(sizes[0] if isinstance(sizes, (list, tuple)) else sizes)
     max_positions = cfg.max_positions
     too_long = sizes > max_positions

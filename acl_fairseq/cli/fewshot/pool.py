@@ -1,7 +1,5 @@
-"""The pool and the test split of ``acl-fairseq-fewshot``: the labelled rows read (bad rows, a
-label written two ways, a text with two labels: errors), the test split (its own file, or held
-out of the TSV), and the pool without the test split's texts and without repeated texts, each
-removal counted in the output."""
+"""The pool and the test split of ``acl-fairseq-fewshot``: rows read and checked, the test split
+(its file, or held out), the pool without the test's texts or repeated texts (counted)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """The record of an ``acl-fairseq-fewshot --out`` folder (``fewshot_input.json``): the settings
-its draws' data and its runs' training depend on, checked on every re-run (a difference is
-named, never answered from the old draws and runs), and the grid of the last run (sizes,
-draws, methods, learning rates: what ``--report-only`` reports).
-
-Written by the first run (``identity``: the input files and the split; ``command``: that run's
-command line) and completed by later ones (``settings``, ``grid``). A record without
-``settings`` (written before they were recorded) is read from its ``command`` and
-``identity``: its model and tokenizer files are then compared by path.
+its draws and runs depend on, checked on every re-run (a difference is named), and the last
+run's grid (what ``--report-only`` reports). An older record without ``settings`` is read from
+its ``command`` and ``identity``.
 """
 
 from __future__ import annotations

@@ -1,50 +1,11 @@
-"""Turn GLUE (or any TSV classification data) into fairseq binarized data.
+"""``acl-fairseq-prepare``: GLUE (or any TSV classification data) into fairseq binarized data.
 
-The output layout is the one of fairseq's RoBERTa GLUE recipe
-(``examples/roberta/preprocess_GLUE_tasks.sh``)::
-
-    OUT/TASK-bin/input0/{dict.txt,train.*,valid.*,test.*}
-    OUT/TASK-bin/input1/...                 (sentence-pair tasks only)
-    OUT/TASK-bin/label/{dict.txt,train.*,valid.*}   (classification)
-    OUT/TASK-bin/label/{train,valid}.label          (regression, plain floats)
-    OUT/TASK-bin/prepare_glue.json                  (summary: num_classes, row counts, ...)
-
-so that ``fairseq-train OUT/TASK-bin --task sentence_prediction ...`` works.
-
-Conventions taken over from fairseq's recipe:
-
-* MNLI: ``dev_matched`` becomes split ``valid`` and ``dev_mismatched`` becomes ``valid1``
-  (``test_matched`` -> ``test``, ``test_mismatched`` -> ``test1``): the recipe passes
-  ``--validpref matched,mismatched`` and fairseq-preprocess names the k-th extra prefix
-  ``valid{k}``. Evaluate both with ``--valid-subset valid,valid1``.
-* STS-B: the 0..5 similarity score is divided by 5.0 and written as plain text
-  ``label/{train,valid}.label`` (the recipe's ``awk '{print $1 / 5.0}'``), for
-  ``--regression-target --num-classes 1``.
-* Test splits are binarized for the inputs only (GLUE test files have no labels).
-
-Tokenizers (``--tokenizer``):
-
-* ``gpt2``: RoBERTa's GPT-2 BPE (fairseq's ``gpt2_bpe_utils.get_encoder``), ids written as
-  strings like ``multiprocessing_bpe_encoder.py``; ``--srcdict`` is RoBERTa's dict.txt.
-* ``wordpiece``: BERT WordPiece (``tokenizers``) from a vocab.txt or tokenizer.json, without
-  [CLS]/[SEP] (``<s>`` comes from ``--init-token 0``, ``</s>`` from binarization). BERT
-  specials in the output become fairseq's: [UNK] -> ``<unk>``, [CLS] -> ``<s>``,
-  [SEP] -> ``</s>``, [PAD] -> ``<pad>``, [MASK] -> ``<mask>`` (``<unk>`` if the dict lacks it).
-  ``--srcdict`` is the dict.txt written by ``acl-fairseq-convert-bert``.
-* ``sentencepiece``: a unigram model trained per task on its training inputs (saved as
-  ``TASK-bin/sentencepiece.model``). The dictionary is built here rather than by
-  fairseq-preprocess, because input0 and input1 must share one dictionary
-  (``sentence_prediction`` reads input0's for both): every piece of the model, ordered by
-  training frequency, padded to a multiple of 8 like fairseq-preprocess does.
-
-fairseq-preprocess runs in-process by default (fairseq is imported once instead of once per
-call, several seconds each); ``--preprocess-subprocess`` runs the executable instead.
-
-Unlike the recipe, rows with a missing field, an empty text or a label outside the task's
-label set are never silently dropped: they are reported with file and line number and stop
-the run, unless ``--skip-bad-rows`` is given. What skipping rows cannot fix stops the run
-always: a class of dev or test that the training file lacks (named as such), a training file
-of one class, and one label written two ways (``1`` and ``1.0``), which would be two classes.
+The layout of fairseq's RoBERTa GLUE recipe, ``OUT/TASK-bin/{input0,input1,label}/`` plus
+``prepare_glue.json``, with its conventions (MNLI's mismatched dev is ``valid1``; STS-B's score
+is divided by 5; test splits without labels). Tokenizers: ``gpt2``, ``wordpiece``,
+``sentencepiece`` (one dictionary for input0 and input1). Bad rows are reported by file and
+line and stop the run unless ``--skip-bad-rows``; what skipping cannot fix always stops it.
+Details: scripts/glue/README.md and docs/usage.md, "Data".
 
 Examples::
 
