@@ -50,8 +50,7 @@ NOT_RUN = {
     "python -m benchmarks.train_cost": "benchmarks: minutes each, measured on an idle machine",
     "fairseq-train DATA --user-dir acl_fairseq --task acl_sentence_prediction \\": "its '...' "
     "stands for the recipe, and TensorBoard is not a dependency",
-    "errors": "the layers, checked against the imports by "
-    "tests/test_layering.py",
+    "errors": "the layers, checked against the imports by tests/test_layering.py",
     "acl_fairseq/": "the layout, checked against the tree by tests/test_layering.py",
 }
 RUN = [  # (page, first line) of every block that runs, in page order
