@@ -17,7 +17,7 @@ The target is ``max_accuracy_drop`` points, read per ``constraint``:
 
 * ``accuracy``: the split's accuracy at most that many points below the final exit's. On a few
   hundred dev rows this over-fits: the search exploits the rows whose errors happen to cancel,
-  and on test the drop is often 2-7x the target (``docs/results.md``).
+  and on test the drop is a multiple of the target (``docs/results.md``).
 * ``agreement`` (CALM's consistency): at most that percent of the rows change their prediction
   from the final exit's. Rows that agree are equally right, so this bounds the accuracy drop
   too, and it tracks its target on test: the sweep's default.

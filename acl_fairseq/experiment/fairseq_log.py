@@ -7,6 +7,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from acl_fairseq.errors import AclValueError
+
 __all__ = [
     "PROGRESS_KINDS",
     "best_dev",
@@ -77,7 +79,10 @@ def best_dev(log_text: str, subset: str = "valid") -> dict[str, float]:
         if f"{prefix}accuracy" in r
     ]
     if not records:
-        raise ValueError("no validation record with an accuracy in the training log")
+        raise AclValueError(
+            "no validation record with an accuracy in the training log: did the run validate "
+            "(--validate-interval, --disable-validation)?"
+        )
     best = records[0]
     for record in records[1:]:
         if record["accuracy"] >= best["accuracy"]:

@@ -40,7 +40,7 @@ from acl_fairseq.hf_bert.state import (
     write_dict,
 )
 
-logger = logging.getLogger("convert_hf_bert")
+logger = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- checkpoint

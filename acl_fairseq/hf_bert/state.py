@@ -17,7 +17,7 @@ import torch
 from ..errors import AclValueError
 from ..models.heads import DEFAULT_HEAD
 
-logger = logging.getLogger("convert_hf_bert")
+logger = logging.getLogger(__name__)
 
 #: fairseq ``Dictionary`` special symbols at indices 0..3 and the BERT tokens mapped onto them.
 FAIRSEQ_SPECIALS: tuple[str, ...] = ("<s>", "<pad>", "</s>", "<unk>")

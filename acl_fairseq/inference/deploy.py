@@ -6,7 +6,7 @@
   of the kind that changes at most D percent of the final exit's predictions on the split
   (so its accuracy is at most D points lower there), found exactly (``calibrate``);
   ``--constraint accuracy``: within D points of the final exit's accuracy on the split, which
-  over-fits a small dev split (the drop on test is often 2-7x D).
+  over-fits a small dev split (docs/results.md, "Exit policies chosen on dev").
 * ``--risk-control DELTA`` (with D): the most aggressive policy whose disagreement with the full
   model is *certified* at most D percent with probability ``1 - DELTA`` (``risk_control``):
   conservative, but a guarantee for new data like the split.

@@ -1,36 +1,18 @@
 """Numeric precision for inference: ``fp32``, ``bf16`` or ``int8`` (RoBERTa / multi-exit).
 
 ``prepare_for_inference(model, dtype)`` turns a fairseq ``RobertaModel`` (plain or
-``MultiExitRobertaModel``) into an inference model of that precision, in place, in eval mode.
-The exit heads go with the encoder. Whatever the precision, every classification head returns
-**float32 logits**, so softmax, entropy, the exit decisions and the argmax are float32:
+``MultiExitRobertaModel``) into an inference model of that precision, in place, in eval mode;
+the exit heads go with the encoder and every head returns float32 logits, so the exit
+decisions are float32 at every precision.
 
-* ``fp32``: the model as trained (``model.float()``).
-* ``bf16``: every weight in bfloat16 (embeddings, layers, layer norms, heads' ``dense``), so a
-  forward reads half the bytes and runs on the CPU's bf16 units (AVX512-BF16 / AMX). Each
-  head's ``out_proj`` (K x C, tiny) stays float32 and takes its input in float32
-  (``Float32Logits``). Weights in bf16 rather than ``torch.autocast``: autocast casts every
-  weight at every forward, which at batch 1 costs about what the bf16 matmuls save.
-* ``int8``: dynamic quantization (int8 weights per output channel; activations quantized on
-  the fly per batch and tensor, to 8 bits on CPUs with VNNI, else to torch's 7) of every
-  ``nn.Linear`` of the encoder layers (attention q/k/v/out projections, both FFN layers) and
-  of every head's ``dense``; embeddings, layer norms,
-  attention softmax and each head's ``out_proj`` stay float32. CPU only. The kernels are
-  torch's own (``torch.ao.quantization.quantize_dynamic``, FBGEMM / x86 backend), which torch
-  marks deprecated in favour of ``torchao``; on torch 2.13, torchao 0.18's
-  ``Int8DynamicActivationInt8WeightConfig`` runs in eager mode at fp32 speed on the CPU (its
-  fast path needs ``torch.compile``, one compilation per input shape), so torch's kernels are
-  the ones that pay here. When torch removes them, ``prepare_for_inference`` says so.
-  Activation scales are per batch: a row's int8 result depends a little on the rows batched
-  with it (and on the rows the early-exit loop has removed).
+* ``fp32``: the model as trained.
+* ``bf16``: every weight stored in bfloat16 (not autocast, which re-casts weights per call);
+  each head's tiny ``out_proj`` stays float32 (``Float32Logits``).
+* ``int8``: torch's dynamic quantization (FBGEMM) of every encoder ``nn.Linear`` and every
+  head's ``dense``; CPU only. fairseq's attention fast path, which reads the float weights
+  directly, is switched off so the quantized projections run (``quantized_linears``).
 
-fairseq's ``MultiheadAttention`` has a fast path that hands ``self.q_proj.weight`` etc.
-straight to ``F.multi_head_attention_forward``, bypassing the ``Linear`` modules. For int8
-every attention module is switched to its module path (``skip_embed_dim_check = True``, the
-flag fairseq checks before taking the fast path), so the quantized projections are the ones
-that run (``quantized_linears`` lists them; the tests count their calls).
-
-No fairseq import at module level; the model is any module with fairseq's RoBERTa layout.
+Why these choices, and the int8 caveats: docs/inference.md, "Precisions". No fairseq import.
 """
 
 from __future__ import annotations
@@ -95,8 +77,8 @@ def _dynamic_linear_class(full_range: bool) -> type:
     """torch's dynamically quantized ``Linear``, or a subclass that quantizes activations to
     all 8 bits. torch's module asks FBGEMM for 7-bit activations (``reduce_range=True``), which
     keeps ``VPMADDUBSW``'s 16-bit sums from saturating on CPUs without VNNI; with VNNI the
-    products accumulate in 32 bits and the full range is exact. On the demo's MiniLM, 7-bit
-    activations changed 5% of the test predictions, 8-bit ones 1.6%."""
+    products accumulate in 32 bits and the full range is exact (docs/inference.md has the
+    effect on predictions)."""
     from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
 
     if not full_range:

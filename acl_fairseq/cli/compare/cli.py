@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     arch = p.add_mutually_exclusive_group()
     arch.add_argument(
-        "--arch-args-file", help="file with the model flags (fairseq_args.txt of convert_hf_bert)"
+        "--arch-args-file",
+        help="file with the model flags (fairseq_args.txt of acl-fairseq-convert-bert)",
     )
     arch.add_argument("--arch-args", help="model flags, e.g. '--arch roberta_base'")
     p.add_argument(
