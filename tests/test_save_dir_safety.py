@@ -384,3 +384,67 @@ def test_no_checkpoint_to_resume_from(tmp_path):
         "it; there is no intact checkpoint of this run beside it: remove it to start afresh (or "
         "pass another --save-dir)"
     )
+
+
+def checkpoint_of(path, run_cfg, num_updates: int, iterations_in_epoch: int) -> None:
+    """A checkpoint file as fairseq-train saves one (no weights) of the run ``run_cfg``."""
+    from omegaconf import OmegaConf
+
+    torch.save(
+        {"cfg": OmegaConf.to_container(run_cfg, resolve=True, enum_to_str=True),
+         "optimizer_history": [{"num_updates": num_updates}],
+         "extra_state": {"train_iterator": {"epoch": 1,
+                                            "iterations_in_epoch": iterations_in_epoch}}},
+        path,
+    )  # fmt: skip
+
+
+def save_dir_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "acl_fairseq.checkpoint.save_dir"]
+
+
+def checkpoint_cfg(save_dir) -> SimpleNamespace:
+    return SimpleNamespace(save_dir=str(save_dir), restore_file="checkpoint_last.pt",
+                           no_save=True, reset_optimizer=False, reset_dataloader=False)  # fmt: skip
+
+
+def test_no_checkpoint_last_beside_a_checkpoint_of_this_run_is_named(tmp_path, caplog):
+    """A kill during the first save's copy to checkpoint_last.pt: the run starts afresh, and
+    says which checkpoint of this run it could resume from instead (another seed's: not)."""
+    from acl_fairseq.checkpoint.save_dir import check_save_dir
+
+    run = config("--max-update", "10")
+    checkpoint_of(tmp_path / "checkpoint_1_2.pt", run, 2, 2)
+    checkpoint_of(tmp_path / "checkpoint_1_4.pt", config("--max-update", "10", "--seed", "2"), 4, 4)
+    with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint.save_dir"):
+        assert check_save_dir(checkpoint_cfg(tmp_path), run) is None
+    newest = tmp_path / "checkpoint_1_2.pt"
+    assert save_dir_warnings(caplog) == [
+        f"--save-dir {tmp_path} holds {newest} (epoch 1 @ 2 updates) of this run but no "
+        "checkpoint_last.pt (its first save was interrupted?): this run starts from the "
+        f"beginning. To resume instead, pass --restore-file {newest}"
+    ]
+
+
+def test_a_checkpoint_newer_than_checkpoint_last_is_named(tmp_path, caplog):
+    """A kill after a save wrote its first file but before checkpoint_last.pt was replaced:
+    the run resumes from checkpoint_last.pt, and names the newer one."""
+    from acl_fairseq.checkpoint.save_dir import check_save_dir
+
+    run = config("--max-update", "10")
+    last, newer = tmp_path / "checkpoint_last.pt", tmp_path / "checkpoint1.pt"
+    checkpoint_of(last, run, 2, 2)
+    checkpoint_of(newer, run, 3, 3)
+    os.utime(last, (1_000_000, 1_000_000))  # older than checkpoint1.pt
+    with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint.save_dir"):
+        assert check_save_dir(checkpoint_cfg(tmp_path), run) is None
+    assert save_dir_warnings(caplog) == [
+        f"{newer} (epoch 1 @ 3 updates) is newer than {last} (epoch 1 @ 2 updates): a save was "
+        f"interrupted after writing it. This run resumes from {last}; to resume from the newer "
+        f"one instead, pass --restore-file {newer}"
+    ]
+    caplog.clear()
+    os.utime(newer, (1_000, 1_000))  # an older checkpoint1.pt: nothing to say
+    with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint.save_dir"):
+        assert check_save_dir(checkpoint_cfg(tmp_path), run) is None
+    assert save_dir_warnings(caplog) == []
