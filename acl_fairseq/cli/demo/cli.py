@@ -298,16 +298,18 @@ def report_deployable(acl_cl: Path, data: Path, work: Path, args: argparse.Names
     layers = int(float(accuracy[(deploy.REFERENCE, deploy.BATCH_SIZES[0], "none", "")]
                        ["mean_exit_layer"]))  # fmt: skip
     table = deploy.deploy_table(saved, accuracy, timed, layers)
+    reference = deploy.reference_times(timed)
     threads = os.environ.get("OMP_NUM_THREADS", "?")
     text = "\n".join([
         f"chosen on dev (predict's default): {saved.dtype} + {saved.policy.spec}",
         "",
         table,
         "",
+        f"fp32 at full depth took {reference} per sentence.",
         f"accuracy and layers used: all {args.test} test sentences, batch "
         f"{deploy.BATCH_SIZES[0]}; speed-up: time per sentence of fp32 at full depth / the "
         f"row's, at the same batch size, on the first {args.sweep_examples} test sentences "
-        f"(CPU, {threads} threads, median of {deploy.TIMED_ROUNDS} rounds; each precision "
+        f"(CPU, OMP_NUM_THREADS={threads}, median of {deploy.TIMED_ROUNDS} rounds; each precision "
         "timed after the other, so a busy machine moves these ratios). Every row: "
         f"{shown(work / 'early_exit_test.tsv')}, {shown(work / 'early_exit_test_timed.tsv')}.",
     ])  # fmt: skip

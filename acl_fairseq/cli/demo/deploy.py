@@ -32,6 +32,7 @@ __all__ = [
     "choose_on_dev",
     "deploy_table",
     "measure_on_test",
+    "reference_times",
     "sweep_command",
 ]
 
@@ -137,6 +138,12 @@ def _key(dtype: str, batch: int, policy: ExitPolicy | None) -> tuple[str, int, s
 def _ms(row: dict[str, str] | None) -> float | None:
     value = (row or {}).get("early_ms") or ""
     return float(value) if value else None
+
+
+def reference_times(timed: Rows) -> str:
+    """``1.234 ms at batch 32, 5.678 ms at batch 1``: fp32 full depth's time per sentence."""
+    times = [(b, _ms(timed.get(_key(REFERENCE, b, None)))) for b in BATCH_SIZES]
+    return ", ".join(f"{ms:.3f} ms at batch {b}" for b, ms in times if ms) or "(not timed)"
 
 
 def deploy_table(saved: SavedPolicy, accuracy: Rows, timed: Rows, num_layers: int) -> str:
