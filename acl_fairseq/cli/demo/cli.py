@@ -305,13 +305,13 @@ def report_deployable(acl_cl: Path, data: Path, work: Path, args: argparse.Names
         "",
         table,
         "",
-        f"fp32 at full depth took {reference} per sentence.",
+        f"fp32 at full depth: {reference}.",
         f"accuracy and layers used: all {args.test} test sentences, batch "
         f"{deploy.BATCH_SIZES[0]}; speed-up: time per sentence of fp32 at full depth / the "
         f"row's, at the same batch size, on the first {args.sweep_examples} test sentences "
         f"(CPU, OMP_NUM_THREADS={threads}, median of {deploy.TIMED_ROUNDS} rounds; each precision "
         "timed after the other, so a busy machine moves these ratios). Every row: "
-        f"{shown(work / 'early_exit_test.tsv')}, {shown(work / 'early_exit_test_timed.tsv')}.",
+        f"{shown(work / 'early_exit_test.tsv')}, {shown(work / 'early_exit_test_timed_*.tsv')}.",
     ])  # fmt: skip
     print(text)
     return text

@@ -6,10 +6,10 @@
    --max-accuracy-drop D`` (no timing: the choice needs one pass per precision) writes
    ``early_exit_policy.json`` next to the checkpoint, every precision's policy, the first
    precision (int8) as the default that predict runs.
-2. ``measure_on_test``: the same sweep on test with each precision's chosen threshold, twice:
-   once untimed over the whole split (accuracy, layers used), once timed at batch 32 and 1 over
-   the first sentences (``acl_fairseq.inference.measure``: medians of interleaved rounds per
-   precision; the precisions run one after another in one process).
+2. ``measure_on_test``: the same sweep on test with each precision's chosen threshold: untimed
+   over the whole split (accuracy, layers used), then timed at batch 32 and 1 over the first
+   sentences, one precision after another (``acl_fairseq.inference.measure``: the median of
+   rounds that interleave full depth and the policy).
 3. ``deploy_table``: one row per precision at full depth and with its policy; speed-up = the
    time per sentence of fp32 full depth / the row's, at the same batch size.
 """
@@ -109,24 +109,32 @@ def measure_on_test(
     checkpoint: Path, data: Path, saved: SavedPolicy, work: Path, timed_examples: int
 ) -> tuple[Rows, Rows]:
     """(accuracy rows over the whole test split, timed rows over its first
-    ``timed_examples`` sentences) of every precision's chosen policy and full depth."""
+    ``timed_examples`` sentences) of every precision's chosen policy and full depth. The
+    timing runs one sweep per precision, with that precision's threshold only."""
     dtypes = [REFERENCE] + [d for d in saved.by_dtype if d != REFERENCE]
-    thresholds = sorted({threshold_text(saved.policy_at(d)[0]) for d in dtypes})
-    common = ["--split", "test", "--policy", POLICY_KIND, "--dtypes", ",".join(dtypes),
-              "--thresholds", ",".join(thresholds)]  # fmt: skip
-    accuracy_tsv, speed_tsv = work / "early_exit_test.tsv", work / "early_exit_test_timed.tsv"
+    chosen = {d: threshold_text(saved.policy_at(d)[0]) for d in dtypes}
+    common = ["--split", "test", "--policy", POLICY_KIND]
+    accuracy_tsv = work / "early_exit_test.tsv"
     _run(
-        sweep_command(checkpoint, data, *common, "--batch-sizes", str(BATCH_SIZES[0]),
-                      "--repeats", "0", "--out", str(accuracy_tsv)),
+        sweep_command(checkpoint, data, *common, "--dtypes", ",".join(dtypes),
+                      "--thresholds", ",".join(sorted(set(chosen.values()))),
+                      "--batch-sizes", str(BATCH_SIZES[0]), "--repeats", "0",
+                      "--out", str(accuracy_tsv)),
         "acl-fairseq-sweep on test (accuracy)",
     )  # fmt: skip
-    _run(
-        sweep_command(checkpoint, data, *common, "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
-                      "--max-examples", str(timed_examples), "--repeats", str(TIMED_ROUNDS),
-                      "--out", str(speed_tsv)),
-        "acl-fairseq-sweep on test (timing)",
-    )  # fmt: skip
-    return read_rows(accuracy_tsv), read_rows(speed_tsv)
+    timed: Rows = {}
+    for dtype in dtypes:
+        out = work / f"early_exit_test_timed_{dtype}.tsv"
+        _run(
+            sweep_command(checkpoint, data, *common, "--dtypes", dtype,
+                          "--thresholds", chosen[dtype],
+                          "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
+                          "--max-examples", str(timed_examples), "--repeats", str(TIMED_ROUNDS),
+                          "--out", str(out)),
+            f"acl-fairseq-sweep on test (timing {dtype})",
+        )  # fmt: skip
+        timed.update(read_rows(out))
+    return read_rows(accuracy_tsv), timed
 
 
 def _key(dtype: str, batch: int, policy: ExitPolicy | None) -> tuple[str, int, str, str]:
@@ -141,9 +149,10 @@ def _ms(row: dict[str, str] | None) -> float | None:
 
 
 def reference_times(timed: Rows) -> str:
-    """``1.234 ms at batch 32, 5.678 ms at batch 1``: fp32 full depth's time per sentence."""
+    """``1.234 ms per sentence at batch 32, 5.678 ms at batch 1``: fp32 at full depth."""
     times = [(b, _ms(timed.get(_key(REFERENCE, b, None)))) for b in BATCH_SIZES]
-    return ", ".join(f"{ms:.3f} ms at batch {b}" for b, ms in times if ms) or "(not timed)"
+    text = ", ".join(f"{ms:.3f} ms at batch {b}" for b, ms in times if ms)
+    return text.replace(" ms at", " ms per sentence at", 1) or "not timed"
 
 
 def deploy_table(saved: SavedPolicy, accuracy: Rows, timed: Rows, num_layers: int) -> str:
