@@ -12,10 +12,13 @@ import pytest
 
 from acl_fairseq.cli.compare import cli as compare_cli
 from acl_fairseq.cli.convert_bert import cli as convert_cli
+from acl_fairseq.cli.demo import cli as demo_cli
 from acl_fairseq.cli.fewshot import cli as fewshot_cli
 from acl_fairseq.cli.glue import cli as glue_cli
 from acl_fairseq.cli.plots import cli as plots_cli
+from acl_fairseq.cli.predict import cli as predict_cli
 from acl_fairseq.cli.prepare import cli as prepare_cli
+from acl_fairseq.cli.sweep import cli as sweep_cli
 from acl_fairseq.console.run_tool import ERROR_EXIT, run_tool
 from acl_fairseq.errors import TRACEBACK_ENV, AclFairseqError, AclValueError
 
@@ -49,11 +52,18 @@ TOOLS = {
     "plots": (plots_cli.main, "acl-fairseq-plots", "runs not found"),
     "fewshot": (fewshot_cli.main, "acl-fairseq-fewshot", "give the TSV and --test FILE"),
     "glue": (glue_cli.main, "scripts/glue/train.sh", "unknown task 'XX'"),
+    "sweep": (sweep_cli.main, "acl-fairseq-sweep", "holds no input0/dict.txt"),
+    "predict": (predict_cli.main, "acl-fairseq-predict", "--policy saved: no "),
+    "demo": (demo_cli.main, "acl-fairseq-demo", "--train must be >= 1, got 0"),
 }
 
 
 def bad_argv(tool: str, tmp_path: Path) -> list[str]:
     missing = str(tmp_path / "missing")
+    if tool == "sweep":  # a checkpoint file and a split, but no dictionary
+        (tmp_path / "data" / "input0").mkdir(parents=True)
+        (tmp_path / "data" / "input0" / "valid.idx").write_bytes(b"")
+        (tmp_path / "model.pt").write_bytes(b"")
     return {
         "prepare": ["--out-dir", str(tmp_path / "out"), "--tokenizer", "sentencepiece",
                     "--task", "custom"],
@@ -62,6 +72,9 @@ def bad_argv(tool: str, tmp_path: Path) -> list[str]:
         "plots": [str(tmp_path)],
         "fewshot": ["--out", str(tmp_path / "out")],
         "glue": ["XX", "ce"],
+        "sweep": [str(tmp_path / "model.pt"), str(tmp_path / "data"), "--cpu"],
+        "predict": [missing, "--policy", "saved"],
+        "demo": ["--work-dir", missing, "--train", "0"],
     }[tool]  # fmt: skip
 
 

@@ -17,6 +17,7 @@ import pytest
 from acl_fairseq.cli.demo import cli as demo
 from acl_fairseq.cpu_features import has_native_bf16
 from acl_fairseq.experiment.recipe import flag_value
+from acl_fairseq.inference.saved_policy import read_policy
 
 from fairseq_helpers import NEGATIVE, NEUTRAL, POSITIVE, REPO
 from tiny_bert import tiny_bert
@@ -88,14 +89,39 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     snippets(work / "movieReviewSnippets_GroundTruth.txt", 160)
     env = {k: v for k, v in os.environ.items() if k != "LOGLEVEL"}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    # a tiny random model: a wide --max-accuracy-drop, so that dev has a policy to choose
     cmd = [sys.executable, "-m", "acl_fairseq.cli.demo", "--work-dir", str(work),
-           "--train", "64", "--dev", "32", "--test", "32", "--sweep-examples", "16"]  # fmt: skip
+           "--train", "64", "--dev", "32", "--test", "32", "--sweep-examples", "16",
+           "--max-accuracy-drop", "50"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
-    for step in range(1, 8):
-        assert f"=== {step}/7 " in output
+    for step in range(1, 9):
+        assert f"=== {step}/8 " in output
     assert "| ACL + ACL-CL stage 2 |" in output
+    # the deployable path: int8 and a policy chosen on dev, saved, reported, run by predict
+    (ckpt,) = (work / "runs").glob("*/acl_cl/checkpoint_best.pt")
+    saved = read_policy(ckpt)
+    assert saved is not None and saved.dtype == "int8" and saved.policy.kind == "entropy"
+    assert saved.fields["chosen_by"]["split"] == "valid"
+    assert f"chosen on dev (predict's default): int8 + {saved.policy.spec}" in output
+    table = [line for line in output.splitlines() if line.startswith("| ")]
+    reference = next(line for line in table if "fp32 full depth (reference)" in line)
+    assert reference.endswith(" | 1.00x | 1.00x |")  # its own speed-up, batch 32 and 1
+    (chosen,) = [line for line in table if line.startswith("| chosen: int8 + entropy:")]
+    cells = [c.strip() for c in chosen.strip("|").split("|")]
+    assert len(cells) == 5 and all(c.endswith("x") for c in cells[3:])
+    assert 0 <= float(cells[1]) <= 100 and 1 <= float(cells[2]) <= 2  # tiny_bert: 2 layers
+    assert f"acl-fairseq-predict: policy: {saved.policy.spec} (saved in " in output
+    assert "acl-fairseq-predict: dtype: int8" in output
     assert "acl-fairseq-predict: 5 sentences, " in output
+    assert "chosen: int8 + entropy:" in (work / "results.md").read_text()
     assert "DEBUG" not in output
     assert "Namespace(" not in output
+
+
+def test_demo_reports_a_bad_size_in_one_line(tmp_path, capsys):
+    assert demo.main(["--work-dir", str(tmp_path), "--sweep-examples", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "acl-fairseq-demo: error: --sweep-examples must be >= 1, got 0\n"
+    assert not any(tmp_path.iterdir())  # checked before anything is fetched or written

@@ -207,19 +207,21 @@ def test_hub_encodes_raw_text_like_the_command(trained) -> None:
 
 
 def test_demo_last_step_classifies_example_sentences(trained) -> None:
-    """The demo's last step: acl-fairseq-predict in its own process, one line per sentence."""
+    """The demo's last step: acl-fairseq-predict in its own process, one line per sentence,
+    then what it ran: no policy flag, so the saved choice, here none (full depth)."""
     from acl_fairseq.cli.demo import cli as demo
 
     cmd = demo.predict_command(trained["ckpt"], trained["data"])
-    assert cmd[1:4] == ["-m", "acl_fairseq.cli.predict", "--path"]
-    assert cmd[cmd.index("--policy") + 1] == demo.PREDICT_POLICY
+    assert cmd[1:4] == ["-m", "acl_fairseq.cli.predict", "--path"] and "--policy" not in cmd
     text = demo.classify_examples(trained["ckpt"], trained["data"])
     lines = text.splitlines()
-    assert len(lines) == len(demo.EXAMPLE_SENTENCES) + 1, text
+    assert len(lines) == len(demo.EXAMPLE_SENTENCES) + 3, text
     for line, sentence in zip(lines, demo.EXAMPLE_SENTENCES):
         label, prob, layer, shown = line.split("\t")
         assert label in ("pos", "neg") and 0.5 <= float(prob) <= 1.0
         assert layer in {f"exit {n}" for n in range(1, 5)} and shown == sentence
+    assert lines[-3].startswith("acl-fairseq-predict: policy: full depth (no early_exit_policy")
+    assert lines[-2] == "acl-fairseq-predict: dtype: fp32"
     assert lines[-1].startswith("acl-fairseq-predict: 5 sentences, ")
 
 

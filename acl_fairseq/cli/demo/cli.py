@@ -7,8 +7,12 @@
    WordPiece and binarizes them;
 4. fine-tunes a plain CE baseline, then ACL (CE + ACL-Embed + ACL-Grad) as stage 1, then the
    exits with ACL-CL as stage 2, choosing checkpoints on dev;
-5. reports per-exit accuracy on the held-out test split and an early-exit speed/accuracy table;
-6. classifies a few example sentences with ``acl-fairseq-predict`` (early exit).
+5. reports per-exit accuracy on the held-out test split;
+6. chooses a precision (int8, bf16, fp32) and an early-exit policy on dev with
+   ``acl-fairseq-sweep --max-accuracy-drop`` (saved next to the checkpoint);
+7. reports that choice on test: accuracy, layers used, and the speed-up over fp32 at full depth
+   at batch 32 and batch 1;
+8. classifies a few example sentences with ``acl-fairseq-predict``, which runs the saved choice.
 
 Every step is skipped when its output exists, so a re-run does not download or train again
 (``--force`` redoes the training). Outputs go to ``--work-dir`` (default ``demo_work/``).
@@ -23,8 +27,11 @@ import sys
 import time
 from pathlib import Path
 
+from acl_fairseq.cli.demo import deploy
+from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.cpu_features import has_native_bf16
 from acl_fairseq.data.task_specs import DataError
+from acl_fairseq.errors import AclRuntimeError, AclValueError
 from acl_fairseq.experiment.demo_assets import (
     converted_model,
     fetch_assets,
@@ -48,7 +55,8 @@ EXAMPLE_SENTENCES = [
     "dull , overlong and utterly forgettable .",
     "one of the most moving films of the year .",
 ]
-PREDICT_POLICY = "entropy:0.5"
+PROG = "acl-fairseq-demo"
+STEPS = 8
 
 
 def step(title: str) -> None:
@@ -65,14 +73,14 @@ def shown(path: Path) -> str:
 
 def fetch(work: Path) -> tuple[Path, Path]:
     """(MiniLM HF directory, movie-review snippets file) under ``work`` (downloaded once)."""
-    step("1/7 fetch the pretrained model and the data (cached)")
+    step(f"1/{STEPS} fetch the pretrained model and the data (cached)")
     hf_dir, snippets = fetch_assets(work)
     print(f"model: {shown(hf_dir)}\ndata:  {shown(snippets)}")
     return hf_dir, snippets
 
 
 def convert_model(hf_dir: Path, work: Path) -> Path:
-    step("2/7 convert MiniLM-L6 (BERT) to a fairseq RoBERTa-architecture checkpoint")
+    step(f"2/{STEPS} convert MiniLM-L6 (BERT) to a fairseq RoBERTa-architecture checkpoint")
     out = converted_model(hf_dir, work)
     print((out / "fairseq_args.txt").read_text().strip())
     return out
@@ -80,12 +88,15 @@ def convert_model(hf_dir: Path, work: Path) -> Path:
 
 def split_data(snippets: Path, work: Path, n_train: int, n_dev: int, n_test: int) -> Path:
     """The first sentences of :func:`polarity_rows` as train / dev / test TSVs text<TAB>label."""
-    step("3/7 split, tokenize (WordPiece) and binarize the sentences")
+    step(f"3/{STEPS} split, tokenize (WordPiece) and binarize the sentences")
     raw = work / "raw" / f"{n_train}-{n_dev}-{n_test}"
     raw.mkdir(parents=True, exist_ok=True)
     rows = polarity_rows(snippets)
     if n_train + n_dev + n_test > len(rows):
-        raise SystemExit(f"asked for {n_train + n_dev + n_test} sentences, {len(rows)} available")
+        raise AclValueError(
+            f"asked for {n_train + n_dev + n_test} sentences (--train, --dev, --test), "
+            f"{len(rows)} available"
+        )
     splits = {
         "train": rows[:n_train],
         "dev": rows[n_train : n_train + n_dev],
@@ -104,7 +115,7 @@ def prepare(raw: Path, model_dir: Path, work: Path) -> Path:
     try:
         return prepare_tsv(raw, name, model_dir, work / "data")
     except DataError as e:
-        raise SystemExit(f"data preparation of {name} failed: {e}") from None
+        raise AclRuntimeError(f"data preparation of {name} failed: {e}") from None
 
 
 def run_logged(cmd: list[str], log_file: Path) -> None:
@@ -115,7 +126,7 @@ def run_logged(cmd: list[str], log_file: Path) -> None:
             print("   " + line.split("| INFO | ")[-1].rstrip()[:200], flush=True)
 
     if stream_to_log(cmd, log_file, show) != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\nsee {log_file}")
+        raise AclRuntimeError(f"failed: {' '.join(cmd)}\nsee {log_file}")
 
 
 def train(
@@ -177,21 +188,23 @@ def evaluate(data: Path, checkpoint: Path, criterion: str, subset: str = "test")
     try:
         return test_metrics(out, subset)  # the last JSON record of the subset
     except ValueError:
-        raise SystemExit(
+        raise AclRuntimeError(
             f"no '{subset}' metrics in the fairseq-validate output of {checkpoint}"
         ) from None
 
 
-def predict_command(checkpoint: Path, data: Path, policy: str = PREDICT_POLICY) -> list[str]:
-    """The ``acl-fairseq-predict`` command of the last step (sentences on stdin)."""
+def predict_command(checkpoint: Path, data: Path, policy: str | None = None) -> list[str]:
+    """The ``acl-fairseq-predict`` command of the last step (sentences on stdin); without
+    ``policy`` it runs the precision and policy the sweep saved next to the checkpoint."""
     return [
         sys.executable, "-m", "acl_fairseq.cli.predict", "--path", str(checkpoint),
-        "--data", str(data), "--policy", policy, "--cpu",
+        "--data", str(data), "--cpu", *(["--policy", policy] if policy else []),
     ]  # fmt: skip
 
 
 def classify_examples(checkpoint: Path, data: Path, sentences: list[str] | None = None) -> str:
-    """``label  probability  exit layer  sentence`` per example sentence (or the error)."""
+    """``label  probability  exit layer  sentence`` per example sentence, then predict's
+    lines on what it ran (policy, precision) and its summary; or the error."""
     sentences = sentences or EXAMPLE_SENTENCES
     proc = subprocess.run(
         predict_command(checkpoint, data),
@@ -203,7 +216,12 @@ def classify_examples(checkpoint: Path, data: Path, sentences: list[str] | None 
         return f"acl-fairseq-predict failed:\n{proc.stderr[-3000:]}"
     rows = [line.split("\t") for line in proc.stdout.splitlines()]
     lines = [f"{lab}\t{prob}\texit {layer}\t{s}" for (lab, prob, layer), s in zip(rows, sentences)]
-    return "\n".join(lines + [proc.stderr.strip().splitlines()[-1]])
+    said = [
+        line
+        for line in proc.stderr.strip().splitlines()
+        if line.startswith(("acl-fairseq-predict: policy:", "acl-fairseq-predict: dtype:"))
+    ]
+    return "\n".join(lines + said + [proc.stderr.strip().splitlines()[-1]])
 
 
 def resolve_autocast(choice: str) -> str:
@@ -213,9 +231,10 @@ def resolve_autocast(choice: str) -> str:
     return "bf16" if has_native_bf16() else "none"
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
     p = argparse.ArgumentParser(
-        prog="acl-fairseq-demo", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog=PROG, description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     p.add_argument("--work-dir", default="demo_work", help="default: demo_work/ here")
     p.add_argument("--train", type=int, default=1600, help="training sentences")
@@ -234,10 +253,73 @@ def main(argv=None) -> None:
         "(docs/results.md, 'bf16 mixed precision'); auto (default): bf16 where this CPU has "
         "them, else none (fp32)",
     )
+    p.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=1.0,
+        metavar="D",
+        help="the early-exit policy chosen on dev changes at most D%% of the full model's "
+        "predictions there (acl-fairseq-sweep --max-accuracy-drop; default 1)",
+    )
     p.add_argument("--sweep-examples", type=int, default=200,
-                   help="test sentences timed in the early-exit sweep")  # fmt: skip
+                   help="test sentences timed for the speed-up columns (default 200)")  # fmt: skip
     p.add_argument("--force", action="store_true", help="train again even if checkpoints exist")
-    args = p.parse_args(argv)
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """``AclValueError`` naming the flag of a size or target that cannot work."""
+    for flag in ("train", "dev", "test", "batch_size", "epochs", "sweep_examples"):
+        if getattr(args, flag) < 1:
+            raise AclValueError(
+                f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
+            )
+    if not 0 <= args.max_accuracy_drop <= 100:
+        raise AclValueError(
+            f"--max-accuracy-drop must be in [0, 100] points, got {args.max_accuracy_drop:g}"
+        )
+
+
+def report_deployable(acl_cl: Path, data: Path, work: Path, args: argparse.Namespace) -> str:
+    """Steps 6 and 7: the precision and policy chosen on dev, then that choice on test
+    against fp32 at full depth (``deploy``); returns what it printed."""
+    dtypes = ",".join(deploy.DTYPES)
+    step(
+        f"6/{STEPS} choose a precision and an early-exit policy on dev: acl-fairseq-sweep "
+        f"--split valid --dtypes {dtypes} --max-accuracy-drop {args.max_accuracy_drop:g}"
+    )
+    saved, chosen = deploy.choose_on_dev(acl_cl, data, work, args.max_accuracy_drop)
+    print(chosen)
+    step(
+        f"7/{STEPS} the choice on the test split: accuracy, layers used, speed-up over fp32 at "
+        "full depth"
+    )
+    accuracy, timed = deploy.measure_on_test(acl_cl, data, saved, work, args.sweep_examples)
+    layers = int(float(accuracy[(deploy.REFERENCE, deploy.BATCH_SIZES[0], "none", "")]
+                       ["mean_exit_layer"]))  # fmt: skip
+    table = deploy.deploy_table(saved, accuracy, timed, layers)
+    reference = deploy.reference_times(timed)
+    threads = os.environ.get("OMP_NUM_THREADS", "?")
+    text = "\n".join([
+        f"chosen on dev (predict's default): {saved.dtype} + {saved.policy.spec}",
+        "",
+        table,
+        "",
+        f"fp32 at full depth: {reference}.",
+        f"accuracy and layers used: all {args.test} test sentences, batch "
+        f"{deploy.BATCH_SIZES[0]}; speed-up: time per sentence of fp32 at full depth / the "
+        f"row's, at the same batch size, on the first {args.sweep_examples} test sentences "
+        f"(CPU, OMP_NUM_THREADS={threads}, median of {deploy.TIMED_ROUNDS} rounds; each precision "
+        "timed after the other, so a busy machine moves these ratios). Every row: "
+        f"{shown(work / 'early_exit_test.tsv')}, {shown(work / 'early_exit_test_timed_*.tsv')}.",
+    ])  # fmt: skip
+    print(text)
+    return text
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """The demo's steps; 0 when every step ran."""
+    check_args(args)
     asked, args.autocast = args.autocast, resolve_autocast(args.autocast)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger().setLevel(logging.WARNING)  # importing fairseq set it to DEBUG
@@ -252,7 +334,7 @@ def main(argv=None) -> None:
     data = prepare(raw, model_dir, work)
     restore = model_dir / "model.pt"
 
-    step("4/7 fine-tune: CE baseline, ACL (stage 1), ACL-CL exits (stage 2)")
+    step(f"4/{STEPS} fine-tune: CE baseline, ACL (stage 1), ACL-CL exits (stage 2)")
     if args.autocast == "bf16":
         print("-- forward passes in bf16 (--autocast bf16, fp32 weights); --autocast none: fp32")
     else:
@@ -268,7 +350,7 @@ def main(argv=None) -> None:
     print("-- ACL-CL stage 2: every exit, ACL-CL to the last exit (acl_cross_layer)")
     acl_cl = train(data, model_dir, runs / "acl_cl", "acl_cl", args, acl, args.epochs)
 
-    step("5/7 held-out test accuracy (checkpoints chosen on dev)")
+    step(f"5/{STEPS} held-out test accuracy (checkpoints chosen on dev)")
     ce_test = evaluate(data, ce, "acl_embed")
     acl_test = evaluate(data, acl, "acl_embed")
     cl_test = evaluate(data, acl_cl, "acl_cross_layer")
@@ -286,27 +368,21 @@ def main(argv=None) -> None:
     ]
     print("\n".join(lines))
 
-    step("6/7 early exit on the test split: speed/accuracy (entropy policy)")
-    sweep_out = work / "early_exit_sweep.tsv"
-    sweep = subprocess.run(
-        [
-            sys.executable, "-m", "acl_fairseq.cli.sweep", "--checkpoint", str(acl_cl),
-            "--data", str(data), "--split", "test", "--policy", "entropy",
-            "--batch-sizes", "1,32", "--max-examples", str(args.sweep_examples),
-            "--thresholds", "0.2,0.4,0.5,0.6,0.65,0.68", "--repeats", "1",
-            "--out", str(sweep_out), "--cpu",
-        ],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    print(sweep.stdout[-6000:] if sweep.returncode == 0 else sweep.stderr[-3000:])
+    deployable = report_deployable(acl_cl, data, work, args)
 
-    step(f"7/7 classify new sentences: acl-fairseq-predict --policy {PREDICT_POLICY}")
+    step(f"8/{STEPS} classify new sentences: acl-fairseq-predict runs the saved choice")
     examples = classify_examples(acl_cl, data)
     print(examples)
     results = work / "results.md"
-    results.write_text("\n".join(lines) + "\n\n" + sweep.stdout + "\n\n" + examples + "\n")
+    results.write_text("\n".join(lines) + "\n\n" + deployable + "\n\n" + examples + "\n")
     print(f"\ndone in {(time.time() - t0) / 60:.1f} min; tables in {shown(results)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``acl-fairseq-demo``: the plugin's errors as one line, ``acl-fairseq-demo: error: ...``."""
+    return run_tool(PROG, run_demo, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

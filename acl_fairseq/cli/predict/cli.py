@@ -19,6 +19,7 @@ The text is encoded exactly as the training data: the tokenizer recorded by
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from acl_fairseq.cli.predict.inputs import (
     read_input,
     read_rows,
 )
+from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
 from acl_fairseq.inference.loader import CheckpointError, Loaded, load_for_inference
 from acl_fairseq.inference.precision import PRECISIONS
@@ -276,11 +278,8 @@ def main(
     if not args.checkpoint:
         parser.error("CHECKPOINT is required (positional or --path)")
     stderr = stderr or sys.stderr
-    try:
-        return predict_main(args, stdin or sys.stdin, stdout or sys.stdout, stderr)
-    except PredictError as e:
-        stderr.write(f"{PROG}: error: {e}\n")
-        return 2
+    with contextlib.redirect_stderr(stderr):  # run_tool's one-line error goes to ``stderr``
+        return run_tool(PROG, predict_main, args, stdin or sys.stdin, stdout or sys.stdout, stderr)
 
 
 if __name__ == "__main__":

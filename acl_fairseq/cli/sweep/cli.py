@@ -64,6 +64,7 @@ from acl_fairseq.cli.sweep.checks import (
     threshold_spec,
 )
 from acl_fairseq.console.help_format import HelpFormatter
+from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.data.splits import check_split, load_batches
 from acl_fairseq.early_exit.calibrate import CONSTRAINTS, calibrated_family
 from acl_fairseq.early_exit.policies import POLICIES, make_policy, policy_kind
@@ -76,7 +77,7 @@ from acl_fairseq.early_exit.thresholds import (
     sweep_thresholds,
 )
 from acl_fairseq.inference import deploy
-from acl_fairseq.inference.loader import CheckpointError, load_for_inference
+from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.measure import sweep
 from acl_fairseq.inference.precision import prepare_for_inference
 from acl_fairseq.inference.saved_policy import FINGERPRINT, read_policy
@@ -296,6 +297,11 @@ def _replaced_policy(checkpoint: str, fingerprint: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The tool: the plugin's errors as one line, ``acl-fairseq-sweep: error: ...``."""
+    return run_tool(PROG, _sweep_main, argv)
+
+
+def _sweep_main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _resolve_positionals(parser, args)
@@ -310,13 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.checkpoint).is_file():
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
     device = torch.device("cuda" if use_cuda else "cpu")
-    try:
-        loaded = load_for_inference(
-            args.checkpoint, args.data, device, multi_exit=True, fingerprint=target is not None
-        )
-    except CheckpointError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    loaded = load_for_inference(
+        args.checkpoint, args.data, device, multi_exit=True, fingerprint=target is not None
+    )
     model, task, max_positions = loaded.model, loaded.task, loaded.max_positions
     head = args.head or getattr(task.cfg, "classification_head_name", None) or DEFAULT_HEAD
     num_classes = int(model.classification_heads[head].out_proj.out_features)
@@ -341,8 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args, model_d, dtype, batches, head, num_classes, target, reference, thresholds
             )
         except TargetError as e:
-            print(f"{PROG}: error: {dtype}: {e}", file=sys.stderr)
-            return 2
+            raise TargetError(f"{dtype}: {e}") from None
         found.append(result)
         del model_d
 
