@@ -37,6 +37,7 @@ __all__ = [
     "calibrate_learned",
     "cross_fit",
     "exit_costs",
+    "fold_ids",
     "learned_family",
 ]
 
@@ -59,6 +60,14 @@ def _fitted(features: Tensor, labels: Tensor, l2: float) -> LearnedPolicy:
     return LearnedPolicy(NEVER, short, float(f"{bias:.9g}"))
 
 
+def fold_ids(n: int, folds: int, seed: int = 0) -> Tensor:
+    """The fold (0 .. folds - 1) of each of ``n`` rows: a seeded permutation dealt in turn."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    fold_of = torch.empty(n, dtype=torch.long)
+    fold_of[order] = torch.arange(n) % folds
+    return fold_of
+
+
 def cross_fit(
     exit_logits: ExitLogits, folds: int = FOLDS, l2: float = L2, seed: int = 0
 ) -> CrossFit:
@@ -76,9 +85,7 @@ def cross_fit(
     folds = min(folds, n // 2)
     if folds < 2:
         return CrossFit(model.probability(features), model)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    fold_of = torch.empty(n, dtype=torch.long)
-    fold_of[order] = torch.arange(n) % folds
+    fold_of = fold_ids(n, folds, seed)
     scores = torch.empty(n, e, dtype=torch.float32)
     for k in range(folds):
         out = fold_of.eq(k)
