@@ -7,4 +7,7 @@ over every exit), ``calibrate`` / ``calibration_search`` / ``learned_calibration
 file). The loop that runs a policy is ``models.early_exit_loop``.
 """
 
-from . import learned, per_exit  # noqa: F401  (register the learned and per-exit kinds)
+# isort: off
+from . import per_exit  # noqa: F401  (registers the per-exit kinds)
+from . import learned  # noqa: F401  (registers the learned kind, listed after them)
+# isort: on
