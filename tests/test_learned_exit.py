@@ -23,16 +23,19 @@ from acl_fairseq.early_exit.learned import (
     exit_features,
     feature_state,
     fit_logistic,
+    probability_logit,
     split_features,
 )
 from acl_fairseq.early_exit.learned_calibration import (
     NEVER,
+    Cut,
     best_threshold,
     calibrate_learned,
     cross_fit,
     exit_costs,
     fold_ids,
     learned_family,
+    probability_threshold,
 )
 from acl_fairseq.early_exit.policies import POLICIES, parse_policy
 from acl_fairseq.early_exit.risk_control import (
@@ -168,7 +171,7 @@ def brute_force(scores, costs, errors, max_errors):
     (ties: fewer errors, then the higher threshold)."""
     n, e = scores.shape
     best = None
-    for t in sorted({float(v) for v in scores.ravel()} | {NEVER}, reverse=True):
+    for t in sorted({float(v) for v in scores.ravel()} | {math.inf}, reverse=True):
         passes = scores >= np.float32(t)
         at = np.where(passes.any(axis=1), passes.argmax(axis=1), e)
         cost, err = float(costs[at].sum()), float(errors[np.arange(n), at].sum())
@@ -185,13 +188,24 @@ def test_threshold_search_equals_brute_force(seed):
     errors = (rng.random((n, e + 1)) < np.linspace(0.5, 0.1, e + 1)).astype(np.float64)
     costs = exit_costs([1, 2, 4, 5, 6], head_cost=0.1 * (seed % 2))
     for budget in (float(errors[:, -1].sum()), errors[:, -1].sum() + 2.0, 1e9):
-        threshold, cost, err = best_threshold(scores, costs, errors, budget)
+        cut = best_threshold(scores, costs, errors, budget)
         expected = brute_force(scores, costs, errors, budget)
-        assert (cost, err) == pytest.approx(expected[:2]), (budget, threshold, expected)
-        passes = scores >= np.float32(threshold)  # the threshold gives what was counted
-        at = np.where(passes.any(axis=1), passes.argmax(axis=1), e)
-        assert float(costs[at].sum()) == pytest.approx(cost)
-        assert float(errors[np.arange(n), at].sum()) == pytest.approx(err)
+        assert (cut.cost, cut.errors) == pytest.approx(expected[:2]), (budget, cut, expected)
+        for t in (cut.high, np.nextafter(np.float32(cut.low), np.float32(np.inf))):
+            passes = scores >= np.float32(t)  # any threshold in (low, high] gives what was counted
+            at = np.where(passes.any(axis=1), passes.argmax(axis=1), e)
+            assert float(costs[at].sum()) == pytest.approx(cut.cost)
+            assert float(errors[np.arange(n), at].sum()) == pytest.approx(cut.errors)
+
+
+def test_probability_threshold_lands_in_the_cut():
+    for low, high in [(-0.5, 2.0), (3.0, 3.0000002), (-1e-7, 0.0), (10.0, 10.000001)]:
+        low, high = float(np.float32(low)), float(np.float32(high))
+        t = probability_threshold(Cut(low, high, 0.0, 0.0))
+        assert 0 < t < 1 and low < probability_logit(t) <= high, (low, high, t)
+    assert probability_threshold(Cut(1.0, math.inf, 0.0, 0.0)) == NEVER
+    assert probability_threshold(Cut(-math.inf, 1.0, 0.0, 0.0)) == 0.0
+    assert probability_logit(0.0) == -math.inf and probability_logit(1.0) == math.inf
 
 
 def test_exit_costs_count_every_shallow_head():
@@ -232,10 +246,10 @@ def test_calibration_thresholds_the_out_of_fold_scores(constraint):
         cal = calibrate("learned", exits, labels, drop, constraint)
         assert isinstance(cal.policy, LearnedPolicy) and cal.policy.weights == fit.model.weights
         budget = errors[:, -1].sum() + drop * 3
-        threshold, _, _ = best_threshold(fit.scores.numpy(), costs, errors, budget)
-        assert cal.policy.threshold == threshold
+        cut = best_threshold(fit.scores.numpy(), costs, errors, budget)
+        assert cal.policy.threshold == probability_threshold(cut)
         # on the out-of-fold decisions the target holds
-        passes = fit.scores.numpy() >= np.float32(threshold)
+        passes = fit.scores.numpy() >= np.float32(probability_logit(cal.policy.threshold))
         at = np.where(passes.any(1), passes.argmax(1), 5)
         assert errors[np.arange(300), at].sum() <= budget + 1e-9
         assert cal == evaluate(exits, labels, cal.policy)
@@ -285,6 +299,12 @@ def test_batched_decisions_equal_a_per_example_loop():
     policy = cross_fit(exits).model.with_threshold(0.8)
     layers, preds = simulate_exits(exits, policy)
     assert 1 < len(set(layers.tolist()))
+    features = split_features([x for _, x in exits[:-1]])
+    batched = policy.logit(features)
+    for row in range(64):  # a row's logit does not depend on the batch, bit for bit
+        assert torch.equal(policy.logit(features[row : row + 1]), batched[row : row + 1])
+        alone = split_features([x[row : row + 1] for _, x in exits[:-1]])
+        assert torch.equal(alone, features[row : row + 1])
     for row in range(64):
         alone, _ = simulate_exits([(layer, x[row : row + 1]) for layer, x in exits], policy)
         assert int(alone) == int(layers[row])

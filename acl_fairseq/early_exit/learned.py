@@ -2,7 +2,8 @@
 
 At each shallow exit the policy computes ``FEATURES`` from the exit's logits and what the
 previous exits said, and a logistic model predicts the probability that this exit's answer
-equals the final exit's; a row leaves when that probability is ``>= threshold``. Features per
+equals the final exit's; a row leaves when that probability is ``>= threshold`` (compared as
+logits, which float32 computes the same way at any batch size). Features per
 row (``exit_features``), float32:
 
 * ``maxprob``: the top probability of ``softmax(logits)``;
@@ -26,10 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from .policies import ExitPolicy, PolicyState, register_policy, softmax_entropy
+from .policies import ExitPolicy, PolicyState, register_policy
 
 __all__ = [
     "FEATURES",
@@ -37,7 +39,8 @@ __all__ = [
     "exit_features",
     "feature_state",
     "fit_logistic",
-    "logistic_probability",
+    "logistic_logit",
+    "probability_logit",
     "split_features",
 ]
 
@@ -47,16 +50,17 @@ FEATURES = ("maxprob", "margin", "entropy", "agree", "run", "exit")
 
 def feature_state(batch_size: int, device: torch.device | str | None = None) -> PolicyState:
     """The features' per-row state before the first exit: ``prev_pred`` (B long, -1: none),
-    ``counter`` (B long, PABEE's) and ``step`` (B long, exits passed)."""
+    ``counter`` (B float32, PABEE's) and ``step`` (B float32, exits passed)."""
     return {
         "prev_pred": torch.full((batch_size,), -1, dtype=torch.long, device=device),
-        "counter": torch.zeros(batch_size, dtype=torch.long, device=device),
-        "step": torch.zeros(batch_size, dtype=torch.long, device=device),
+        "counter": torch.zeros(batch_size, dtype=torch.float32, device=device),
+        "step": torch.zeros(batch_size, dtype=torch.float32, device=device),
     }
 
 
 def exit_features(logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-    """The features of one exit (module docstring).
+    """The features of one exit (module docstring), in few operations (the policy runs this at
+    every exit).
 
     Args:
         logits: B x K logits of the exit for the rows still running.
@@ -66,17 +70,22 @@ def exit_features(logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicySta
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be B x K, got shape {tuple(logits.shape)}")
-    probs = torch.softmax(logits.float(), dim=-1)
-    top = probs.topk(min(2, probs.size(-1)), dim=-1).values
-    margin = top[:, 0] - top[:, 1] if top.size(-1) > 1 else top[:, 0]
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    probs = torch.softmax(logits.float(), dim=-1)  # row kernels: the same numbers at any B
+    if probs.size(-1) > 1:
+        top, second = probs.topk(2, dim=-1).values.unbind(-1)
+        margin = top - second
+    else:
+        top = margin = probs[:, 0]
+    terms = (probs * log_p).unbind(-1)  # finite logits: p * log p is finite
+    entropy = -terms[0]
+    for term in terms[1:]:  # elementwise, class by class (a reduction's order depends on B)
+        entropy = entropy - term
     pred = logits.argmax(dim=-1)
-    same = pred.eq(state["prev_pred"])
-    counter = torch.where(same, state["counter"] + 1, torch.zeros_like(state["counter"]))
+    same = pred.eq(state["prev_pred"]).float()
+    counter = (state["counter"] + 1) * same
     step = state["step"] + 1
-    features = torch.stack(
-        [top[:, 0], margin, softmax_entropy(logits), same.float(), counter.float(), step.float()],
-        dim=1,
-    )
+    features = torch.stack([top, margin, entropy, same, counter, step], dim=1)
     return features, {"prev_pred": pred, "counter": counter, "step": step}
 
 
@@ -93,20 +102,41 @@ def split_features(shallow: Sequence[Tensor]) -> Tensor:
     return torch.stack(columns, dim=1)
 
 
-def logistic_probability(features: Tensor, weights: Tensor, bias: float) -> Tensor:
-    """``sigmoid(bias + sum_f features[..., f] * weights[f])`` in float32, accumulated feature
-    by feature (the same number for a row whatever the batch).
+def _as_tensors(weights: Tensor | Sequence[float], bias: float, device: Any) -> tuple:
+    w = torch.as_tensor(weights, dtype=torch.float32).to(device)
+    return w, torch.tensor(float(bias), dtype=torch.float32, device=device)
+
+
+def _logit(features: Tensor, weights: Tensor, bias: Tensor) -> Tensor:
+    """``bias + sum_f features[:, f] * weights[f]`` in float32 for B x F features, with
+    elementwise operations only, feature by feature: a row's number does not depend on the
+    batch (a reduction's order, or a vectorised ``exp``, may)."""
+    z = bias
+    for term in (features * weights).unbind(-1):
+        z = z + term
+    return z
+
+
+def logistic_logit(features: Tensor, weights: Tensor, bias: float) -> Tensor:
+    """``bias + sum_f features[..., f] * weights[f]`` in float32, as the policy computes it
+    (its probability is the sigmoid of this).
 
     Args:
         features: ... x F.
         weights: F.
     """
-    features = features.float()
-    weights = weights.to(device=features.device, dtype=torch.float32)
-    z = torch.full(features.shape[:-1], float(bias), dtype=torch.float32, device=features.device)
-    for f in range(features.size(-1)):
-        z = z + features[..., f] * weights[f]
-    return torch.sigmoid(z)
+    flat = features.float().reshape(-1, features.size(-1))
+    return _logit(flat, *_as_tensors(weights, bias, features.device)).view(features.shape[:-1])
+
+
+def probability_logit(threshold: float) -> float:
+    """The logit of a probability threshold, rounded to float32 (what ``z >=`` compares):
+    ``-inf`` for 0, ``inf`` from 1 on."""
+    if threshold <= 0:
+        return -math.inf
+    if threshold >= 1:
+        return math.inf
+    return float(np.float32(math.log(threshold) - math.log1p(-threshold)))
 
 
 def _objective(x: Tensor, y: Tensor, theta: Tensor, l2: float) -> Tensor:
@@ -260,23 +290,26 @@ class LearnedPolicy(ExitPolicy):
         return LearnedPolicy(threshold, self.weights, self.bias)
 
     def never_exits(self, num_shallow_exits: int) -> bool:
-        """A probability is at most 1: a threshold above it never lets a row out."""
-        return self.threshold > 1.0 or num_shallow_exits == 0
+        """A probability is below 1: a threshold of 1 or more never lets a row out."""
+        return self.threshold >= 1.0 or num_shallow_exits == 0
 
     def init_state(self, batch_size: int, device: torch.device | str | None = None) -> PolicyState:
         return feature_state(batch_size, device)
 
-    def _weights(self, device: torch.device) -> Tensor:
-        """The weights as float32 on ``device`` (cached)."""
+    def _weights(self, device: torch.device) -> tuple:
+        """The weights and bias as float32 tensors on ``device`` (cached)."""
         cache = self.__dict__.setdefault("_tables", {})
         if device not in cache:
-            cache[device] = torch.tensor(self.weights, dtype=torch.float32, device=device)
+            cache[device] = _as_tensors(self.weights, self.bias, device)
         return cache[device]
 
-    def probability(self, features: Tensor) -> Tensor:
-        """The model's probability for ``... x F`` features (float32)."""
-        return logistic_probability(features, self._weights(features.device), self.bias)
+    def logit(self, features: Tensor) -> Tensor:
+        """The model's logit for ``... x F`` features (float32); a row leaves where it is at
+        least ``probability_logit(threshold)`` (its probability at least the threshold)."""
+        flat = features.float().reshape(-1, features.size(-1))
+        return _logit(flat, *self._weights(features.device)).view(features.shape[:-1])
 
     def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
         features, new_state = exit_features(logits, state)
-        return self.probability(features) >= self.threshold, new_state
+        z = _logit(features, *self._weights(logits.device))
+        return z >= probability_logit(self.threshold), new_state

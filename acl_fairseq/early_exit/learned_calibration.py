@@ -7,11 +7,12 @@ From one pass over every exit (``[(layer, N x K logits)]``, the final exit last)
    other folds' (row, shallow exit) pairs, labelled "this exit's argmax equals the final
    exit's", and scores the fold's rows: out-of-fold probabilities, as honest as new data. The
    model deployed is fitted on every row.
-2. *Threshold* (``best_threshold``): a row leaves at the first exit whose probability is
-   ``>= t``, so its exit moves only where ``t`` passes a new running maximum of its
-   probabilities; sweeping those values from the top gives the cost and errors of every
-   distinct threshold in ``O(NE log NE)``: the cheapest within the error budget on the
-   out-of-fold scores, exactly.
+2. *Threshold* (``best_threshold``): a row leaves at the first exit whose probability (its
+   logit, as the policy compares it) is ``>= t``, so its exit moves only where ``t`` passes
+   a new running maximum of its scores; sweeping those values from the top gives the cost and
+   errors of every distinct threshold in ``O(NE log NE)``: the cheapest within the error
+   budget on the out-of-fold scores, exactly (``probability_threshold`` writes it as a
+   probability).
 
 ``calibrate_learned`` does both for a target (``early_exit.calibrate``'s constraints);
 ``risk_controlled_learned`` builds the family on one half of the split and certifies it on the
@@ -20,6 +21,7 @@ other (``risk_control``). Pure torch / numpy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -27,18 +29,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .calibration_search import cut_threshold
-from .learned import LearnedPolicy, fit_logistic, split_features
+from .learned import LearnedPolicy, fit_logistic, probability_logit, split_features
 from .thresholds import ExitLogits
 
 __all__ = [
     "CrossFit",
+    "Cut",
     "best_threshold",
     "calibrate_learned",
     "cross_fit",
     "exit_costs",
     "fold_ids",
     "learned_family",
+    "probability_threshold",
 ]
 
 FOLDS = 5
@@ -47,7 +50,8 @@ NEVER = 2.0  # a threshold no probability reaches
 
 
 class CrossFit(NamedTuple):
-    """Out-of-fold probabilities (N x E float32) and the model fitted on every row."""
+    """Out-of-fold logits (N x E float32; the probabilities' sigmoid arguments) and the model
+    fitted on every row."""
 
     scores: Tensor
     model: LearnedPolicy  # at threshold ``NEVER``
@@ -84,13 +88,13 @@ def cross_fit(
     model = _fitted(features.reshape(-1, f), labels.reshape(-1), l2)
     folds = min(folds, n // 2)
     if folds < 2:
-        return CrossFit(model.probability(features), model)
+        return CrossFit(model.logit(features), model)
     fold_of = fold_ids(n, folds, seed)
     scores = torch.empty(n, e, dtype=torch.float32)
     for k in range(folds):
         out = fold_of.eq(k)
         fold_model = _fitted(features[~out].reshape(-1, f), labels[~out].reshape(-1), l2)
-        scores[out] = fold_model.probability(features[out])
+        scores[out] = fold_model.logit(features[out])
     return CrossFit(scores, model)
 
 
@@ -102,29 +106,40 @@ def exit_costs(layers: Sequence[int], head_cost: float) -> np.ndarray:
     return layers + head_cost * heads
 
 
+class Cut(NamedTuple):
+    """A threshold on scores: rows whose score is ``>= high`` leave, and any threshold in
+    ``(low, high]`` does the same on the split; its total cost and errors."""
+
+    low: float
+    high: float
+    cost: float
+    errors: float
+
+
 def best_threshold(
     scores: np.ndarray, costs: np.ndarray, errors: np.ndarray, max_errors: float
-) -> tuple[float, float, float]:
+) -> Cut:
     """The cheapest threshold on ``scores`` within ``max_errors`` (ties: fewer errors, then
     the higher threshold), exactly.
 
-    A row leaves at the first shallow exit whose score is ``>= t``, else at the final exit.
+    A row leaves at the first shallow exit whose score is ``>= threshold``, else at the final.
 
     Args:
-        scores: N x E float32 (probabilities).
+        scores: N x E float32.
         costs: E + 1, the cost of leaving at each exit (the final last).
         errors: N x (E + 1), 1 where the row's answer at that exit counts as an error.
         max_errors: the errors allowed in total.
     Returns:
-        ``(threshold, total cost, total errors)``; threshold ``NEVER`` when only full depth
-        fits; thresholds lie strictly between two neighbouring running maxima (float32).
+        the ``Cut``; ``high = inf`` when only full depth fits, ``low = -inf`` when every row
+        leaves at the first exit.
     """
     scores = np.asarray(scores, dtype=np.float32)
     errors = np.asarray(errors, dtype=np.float64)
     n, e = scores.shape
-    best = (float(costs[e]) * n, float(errors[:, e].sum()), NEVER)
+    top = float(scores.max()) if scores.size else -math.inf
+    best = Cut(top, math.inf, float(costs[e]) * n, float(errors[:, e].sum()))
     if n == 0 or e == 0:
-        return best[2], best[0], best[1]
+        return best
     running = np.maximum.accumulate(scores, axis=1)
     record = np.ones((n, e), dtype=bool)  # where a row's running maximum rises
     record[:, 1:] = running[:, 1:] > running[:, :-1]
@@ -138,16 +153,35 @@ def best_threshold(
     d_err = errors[rows, cols] - errors[rows, nxt]
     order = np.argsort(-values, kind="stable")
     values = values[order]
-    cost = best[0] + np.cumsum(d_cost[order])
-    err = best[1] + np.cumsum(d_err[order])
+    cost = best.cost + np.cumsum(d_cost[order])
+    err = best.errors + np.cumsum(d_err[order])
     ends = np.nonzero(np.append(values[1:] != values[:-1], True))[0]  # last of each value
     for i in ends:
         c, r = float(cost[i]), float(err[i])
-        if r <= max_errors + 1e-9 and (c < best[0] - 1e-9 or (c <= best[0] + 1e-9 and r < best[1])):
-            below = values[i + 1] if i + 1 < values.size else None
-            t = 0.0 if below is None else cut_threshold("maxprob", -float(values[i]), -float(below))
-            best = (c, r, t)
-    return best[2], best[0], best[1]
+        if r > max_errors + 1e-9:
+            continue
+        if c < best.cost - 1e-9 or (c <= best.cost + 1e-9 and r < best.errors):
+            low = float(values[i + 1]) if i + 1 < values.size else -math.inf
+            best = Cut(low, float(values[i]), c, r)
+    return best
+
+
+def probability_threshold(cut: Cut) -> float:
+    """A probability threshold whose logit (``probability_logit``) lies in ``cut``'s
+    ``(low, high]`` (scores: logits): 0 lets every row out, ``NEVER`` none; else the sigmoid
+    of the midpoint, as short as it stays inside."""
+    if cut.high == math.inf:
+        return NEVER
+    if cut.low == -math.inf:
+        return 0.0
+    candidates = []
+    for z in ((cut.low + cut.high) / 2, cut.high):
+        p = 1.0 / (1.0 + math.exp(-z))
+        candidates += [float(f"{p:.{digits}g}") for digits in (6, 9)] + [p]
+    for p in candidates:
+        if cut.low < probability_logit(p) <= cut.high:
+            return p
+    return candidates[-1]  # a logit so large that its sigmoid rounds to 1 in float64
 
 
 def calibrate_learned(
@@ -170,8 +204,8 @@ def calibrate_learned(
     n = errors.shape[0]
     budget = float(errors[:, -1].sum()) + max_accuracy_drop * n / 100.0
     costs = exit_costs([layer for layer, _ in exit_logits], head_cost)
-    threshold, _, _ = best_threshold(fit.scores.numpy(), costs, errors, budget)
-    return fit.model.with_threshold(threshold)
+    cut = best_threshold(fit.scores.numpy(), costs, errors, budget)
+    return fit.model.with_threshold(probability_threshold(cut))
 
 
 def learned_family(
