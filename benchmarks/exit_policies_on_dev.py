@@ -17,6 +17,10 @@ model *on dev*), each policy family is calibrated on dev and then run, unchanged
   ``1 - --delta`` (``early_exit.risk_control``; Learn-then-Test's fixed-sequence testing with
   exact binomial tails, as CALM does for consistency); ``risk-controlled per-exit``: per-exit
   thresholds calibrated on one half of dev at growing targets, certified on the other half;
+* ``learned`` / ``learned, agreement``: the learned decision (``early_exit.learned``: a
+  logistic model on each exit's confidence and agreement with the previous exits), fitted on
+  dev by cross-fitting, its threshold calibrated on the out-of-fold scores; ``risk-controlled
+  learned``: fitted on one half of dev, certified on the other;
 * ``oracle-final``: the earliest exit that agrees with the final exit (computed on each split:
   a bound, not a policy).
 
@@ -43,11 +47,16 @@ from acl_fairseq.data.splits import load_batches
 from acl_fairseq.early_exit.calibrate import (
     best_patience,
     best_single_threshold,
+    calibrate,
     calibrate_per_exit,
     evaluate,
 )
 from acl_fairseq.early_exit.policies import ExitPolicy
-from acl_fairseq.early_exit.risk_control import risk_controlled_per_exit, risk_controlled_single
+from acl_fairseq.early_exit.risk_control import (
+    risk_controlled_learned,
+    risk_controlled_per_exit,
+    risk_controlled_single,
+)
 from acl_fairseq.early_exit.thresholds import TargetError, collect_exits, oracle_exits
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.precision import PRECISIONS
@@ -89,6 +98,13 @@ def policies_on_dev(
         ("per-exit entropy, agreement", per_exit("entropy", None, "agreement")),
         ("per-exit maxprob, agreement", per_exit("maxprob", None, "agreement")),
     ]
+    chosen += [
+        ("learned", calibrate("learned", dev, dev_targets, drop, "accuracy", head_cost).policy),
+        (
+            "learned, agreement",
+            calibrate("learned", dev, dev_targets, drop, "agreement", head_cost).policy,
+        ),
+    ]
     risk = risk_controlled_single(dev, drop / 100.0, delta, "entropy")
     chosen.append((f"risk-controlled entropy (delta {delta:g})", risk.policy))
     halves = risk_controlled_per_exit(
@@ -97,6 +113,8 @@ def policies_on_dev(
     chosen.append(
         (f"risk-controlled per-exit entropy (delta {delta:g}, dev halves)", halves.policy)
     )
+    learned = risk_controlled_learned(dev, drop / 100.0, delta)
+    chosen.append((f"risk-controlled learned (delta {delta:g}, dev halves)", learned.policy))
     return chosen
 
 

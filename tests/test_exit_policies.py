@@ -136,10 +136,11 @@ def test_policies_are_immutable():
 
 
 def test_the_registry_round_trips_every_kind_through_its_string_form():
+    from acl_fairseq.early_exit.learned import LearnedPolicy
     from acl_fairseq.early_exit.per_exit import PerExitEntropyPolicy, PerExitMaxProbPolicy
 
     assert list(POLICIES) == [
-        "entropy", "maxprob", "patience", "per_exit_entropy", "per_exit_maxprob"
+        "entropy", "maxprob", "patience", "per_exit_entropy", "per_exit_maxprob", "learned"
     ]  # fmt: skip
     for policy in (
         EntropyPolicy(0.1),
@@ -152,6 +153,7 @@ def test_the_registry_round_trips_every_kind_through_its_string_form():
         PerExitEntropyPolicy((1, 3), (1 / 3, math.inf)),
         PerExitEntropyPolicy((), ()),
         PerExitMaxProbPolicy((2,), (0.9,), patience=1),
+        LearnedPolicy(1 / 3, (1 / 3, -2.0, 0.5, 1.0, 0.25, -0.125), 1 / 7),
     ):
         assert parse_policy(policy.spec) == policy, policy.spec
         assert make_policy(policy.kind, policy.value) == policy

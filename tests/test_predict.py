@@ -407,3 +407,41 @@ def test_a_saved_policy_runs_only_on_the_weights_it_was_chosen_on(trained, tmp_p
     code, out, err = run_predict(last, stdin=text)
     assert code == 0 and {line.split("\t")[2] for line in out.splitlines()} == {"4"}
     assert f"policy: full depth, not the saved policy: {file} does not record the model" in err
+
+
+def test_sweep_learned_policy_that_predict_and_hub_run(trained, tmp_path, capsys) -> None:
+    """--policy learned: its rows and its choice are fitted on the split; the saved file
+    carries the weights; predict runs it by default (as the model's own loop does) and the hub
+    too; --patience beside it is refused before loading."""
+    from acl_fairseq.cli import sweep
+    from acl_fairseq.early_exit.learned import LearnedPolicy
+    from acl_fairseq.inference.saved_policy import read_policy
+    from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+
+    ckpt = tmp_path / "model" / trained["ckpt"].name
+    ckpt.parent.mkdir()
+    shutil.copy(trained["ckpt"], ckpt)
+    flags = [str(ckpt), str(trained["data"]), "--policy", "learned", "--cpu", "--batch-sizes",
+             "8", "--max-examples", "40", "--repeats", "0"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        sweep.main([*flags, "--patience", "1", "--max-accuracy-drop", "5"])
+    assert "--patience: beside a per-exit policy's thresholds" in capsys.readouterr().err
+    assert sweep.main([*flags, "--drops", "0,100", "--max-accuracy-drop", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "| 8 | learned |" in out and "  fp32: learned:" in out
+    saved = read_policy(ckpt)
+    assert isinstance(saved.policy, LearnedPolicy) and saved.fields["method"] == "calibrated"
+
+    text = "".join(f"{row[0]}\n" for row in trained["rows"])
+    code, by_default, err = run_predict(ckpt, "--batch-size", "5", stdin=text)
+    assert code == 0 and f"policy: {saved.policy.spec} (saved in" in err
+    assert sorted("\t".join(line.split("\t")[::2]) for line in by_default.splitlines()) == sorted(
+        _model_predictions(trained, saved.policy.spec)
+    )
+    hub = MultiExitRobertaModel.from_pretrained(
+        str(ckpt.parent), ckpt.name, data_name_or_path=str(trained["data"])
+    )
+    assert hub.default_policy == saved.policy
+    tokens = hub.encode(trained["rows"][0][0])
+    first = by_default.splitlines()[0].split("\t")[2]
+    assert hub.predict_early_exit(DEFAULT_HEAD, tokens).exit_layers.tolist() == [int(first)]

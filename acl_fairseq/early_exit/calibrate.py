@@ -10,6 +10,7 @@ Everything works on ``[(layer, N x K logits)]`` by layer with the final exit las
   PABEE's patience beside them), the fastest within the target (``calibration_search``: exact
   on small splits); on the split it meets the target by construction and costs no more than
   the best single threshold;
+* ``calibrate`` with ``learned``: the learned decision (``learned_calibration``);
 * ``evaluate``: what a policy does on a split (accuracy, agreement with the final exit, mean
   exit layer, cost).
 
@@ -47,6 +48,7 @@ from .calibration_search import (
     search,
     single_cuts,
 )
+from .learned_calibration import calibrate_learned
 from .policies import ExitPolicy, PatiencePolicy, make_policy
 from .thresholds import ExitLogits, TargetError, simulate_exits
 
@@ -219,7 +221,14 @@ def calibrate(
 ) -> Calibration:
     """The fastest policy of registry ``kind`` within the target on the split: the best single
     threshold (``entropy``, ``maxprob``), patience, or per-exit thresholds (``per_exit_*``,
-    with ``patience`` beside them when given)."""
+    with ``patience`` beside them when given), or the learned decision (``learned``:
+    ``learned_calibration``, its threshold on out-of-fold scores)."""
+    if kind == "learned":
+        if patience is not None:
+            raise ValueError("patience goes beside a per-exit policy's thresholds, not learned")
+        reference = _reference(exit_logits, targets, constraint)
+        policy = calibrate_learned(exit_logits, reference, max_accuracy_drop, head_cost)
+        return evaluate(exit_logits, _gold(exit_logits, targets), policy, head_cost)
     if kind.startswith("per_exit_"):
         single = kind[len("per_exit_") :]
         return calibrate_per_exit(

@@ -20,6 +20,8 @@ sequence while ``p <= delta`` and keep the last one passed (full depth when none
 * ``risk_controlled_per_exit``: per-exit thresholds; the family (``calibrate_per_exit`` at
   growing drop targets) is built on one half of the split and tested on the other half (on a
   few hundred rows the halves are often too small to certify anything);
+* ``risk_controlled_learned``: the learned decision, fitted and thresholded on one half
+  (``learned_calibration``), certified on the other;
 * ``risk_controlled_kind``: the one of these for a registry kind (patience: every patience,
   the most patient first).
 """
@@ -33,6 +35,7 @@ from typing import NamedTuple
 import torch
 
 from .calibrate import calibrate_per_exit
+from .learned_calibration import learned_family
 from .policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, PatiencePolicy
 from .thresholds import ExitLogits, simulate_exits
 
@@ -41,6 +44,7 @@ __all__ = [
     "binomial_cdf",
     "risk_controlled",
     "risk_controlled_kind",
+    "risk_controlled_learned",
     "risk_controlled_per_exit",
     "risk_controlled_single",
 ]
@@ -122,6 +126,16 @@ def risk_controlled_single(
     return risk_controlled(exit_logits, single_grid(kind, num_classes, steps), epsilon, delta)
 
 
+def _halves(exit_logits: ExitLogits, seed: int) -> tuple[ExitLogits, ExitLogits]:
+    """A random half of the rows (the family's) and the other half (the certifying one)."""
+    n = int(exit_logits[-1][1].size(0))
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    fit, check = order[: n // 2], order[n // 2 :]
+    return [(layer, x[fit]) for layer, x in exit_logits], [
+        (layer, x[check]) for layer, x in exit_logits
+    ]
+
+
 def risk_controlled_per_exit(
     exit_logits: ExitLogits,
     epsilon: float,
@@ -134,11 +148,7 @@ def risk_controlled_per_exit(
     (``calibrate_per_exit`` with the agreement constraint at each target in ``drops``, sorted
     from the most to the least expensive there), the other half certifies it (``examples`` is
     that half). No labels are needed."""
-    n = int(exit_logits[-1][1].size(0))
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    fit, check = order[: n // 2], order[n // 2 :]
-    fit_logits = [(layer, x[fit]) for layer, x in exit_logits]
-    check_logits = [(layer, x[check]) for layer, x in exit_logits]
+    fit_logits, check_logits = _halves(exit_logits, seed)
     found = {}
     for drop in drops:
         cal = calibrate_per_exit(fit_logits, None, drop, kind, constraint="agreement")
@@ -147,11 +157,28 @@ def risk_controlled_per_exit(
     return risk_controlled(check_logits, family, epsilon, delta)
 
 
+def risk_controlled_learned(
+    exit_logits: ExitLogits,
+    epsilon: float,
+    delta: float,
+    drops: Sequence[float] = tuple(0.25 * i for i in range(41)),
+    seed: int = 0,
+) -> RiskControl:
+    """The learned decision with the guarantee: fitted on a random half of the rows, its
+    thresholds at each target in ``drops`` (``learned_family``, highest first) certified on
+    the other half (``examples`` is that half). No labels are needed."""
+    fit_logits, check_logits = _halves(exit_logits, seed)
+    return risk_controlled(check_logits, learned_family(fit_logits, drops), epsilon, delta)
+
+
 def risk_controlled_kind(
     kind: str, exit_logits: ExitLogits, epsilon: float, delta: float
 ) -> RiskControl:
     """Risk control for a registry ``kind``: single thresholds on the fixed grid, per-exit
-    thresholds on dev halves, or every patience from the most patient down."""
+    thresholds or the learned decision on dev halves, or every patience from the most
+    patient down."""
+    if kind == "learned":
+        return risk_controlled_learned(exit_logits, epsilon, delta)
     if kind.startswith("per_exit_"):
         return risk_controlled_per_exit(exit_logits, epsilon, delta, kind[len("per_exit_") :])
     if kind == "patience":

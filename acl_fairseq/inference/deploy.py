@@ -128,7 +128,11 @@ def choose(
         delta = target.risk_control
         result = risk_controlled_kind(kind, exit_logits, drop / 100.0, delta)
         if result.passed == 0:
-            halves = " (fitted on one half, certified on the other)" if "per_exit" in kind else ""
+            halves = (
+                " (fitted on one half, certified on the other)"
+                if "per_exit" in kind or kind == "learned"
+                else ""
+            )
             raise TargetError(
                 f"--risk-control {delta:g}: no {kind} policy{halves} is certified to change "
                 f"at most {drop:g}% of the predictions with probability {1 - delta:g} on the "

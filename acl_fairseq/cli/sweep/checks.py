@@ -106,7 +106,7 @@ def check_flags(args: argparse.Namespace, use_cuda: bool) -> DeployTarget | None
             f"--drops: the rows of a calibrated policy (per_exit_*); --policy {args.policy} "
             "sweeps --thresholds"
         )
-    if args.patience is not None and not calibrated:
+    if args.patience is not None and not args.policy.startswith("per_exit_"):
         raise ValueError(
             "--patience: beside a per-exit policy's thresholds (--policy per_exit_entropy); "
             "--policy patience sweeps patience itself"

@@ -19,7 +19,10 @@ Policies: ``entropy``, ``maxprob`` (``--thresholds``, default a fixed grid; ``qu
 N thresholds whose mean exit layers spread evenly from full depth to the first exit),
 ``patience``, and the per-exit kinds ``per_exit_entropy`` / ``per_exit_maxprob`` (a threshold
 per exit, exits that do not pay for their head skipped; their rows are the policies calibrated
-on the split at each ``--drops`` target). Two rows bound any policy, with no timing:
+on the split at each ``--drops`` target), and ``learned`` (a logistic model on the exits'
+confidence and agreement predicts whether an exit agrees with the final one; fitted to the split
+by cross-fitting, its threshold calibrated like the per-exit kinds'). Two rows bound any
+policy, with no timing:
 ``oracle-final`` (the earliest exit that agrees with the final exit) and ``oracle-gold`` (the
 earliest exit that is right).
 
@@ -108,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--drops",
         type=float_list,
-        help="per_exit_* kinds: one row per accuracy-drop target (points), the policy "
+        help="per_exit_* and learned kinds: one row per accuracy-drop target (points), the "
+        "policy "
         f"calibrated on the split for it (default: {','.join(f'{d:g}' for d in DEFAULT_DROPS)})",
     )
     parser.add_argument(
