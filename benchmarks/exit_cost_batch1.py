@@ -50,6 +50,7 @@ from acl_fairseq.inference.precision import (
     check_precision,
     prepare_for_inference,
 )
+from acl_fairseq.models.early_exit_loop import run_early_exit
 from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
 from benchmarks.common import (
     GOAL_OVERHEAD,
@@ -62,6 +63,7 @@ from benchmarks.exit_heads import prepare_exit_heads
 
 NOBODY = 1e-30  # an entropy threshold no row passes: every exit evaluated, nobody leaves
 PLAIN = "plain forward"
+GENERAL = "all exits, general loop (no batch-1 path: before)"
 
 
 def random_model(pooling: str, length: int) -> tuple[Any, list[Tensor]]:
@@ -99,6 +101,7 @@ def variants(model: Any, dtype: str) -> dict[str, tuple[Any, ExitPolicy | None]]
     out: dict[str, tuple[Any, ExitPolicy | None]] = {
         PLAIN: (base, None),
         f"all {len(shallow)} exits": (base, EntropyPolicy(NOBODY)),
+        GENERAL: (base, EntropyPolicy(NOBODY)),
     }
     half = tuple(layer for layer in shallow if layer % 2 == 0)
     if half and half != shallow:
@@ -114,9 +117,13 @@ def variants(model: Any, dtype: str) -> dict[str, tuple[Any, ExitPolicy | None]]
     return out
 
 
-def job(model: Any, policy: ExitPolicy | None, rows: Sequence[Tensor]) -> Callable[[], Any]:
+def job(
+    model: Any, policy: ExitPolicy | None, rows: Sequence[Tensor], general: bool = False
+) -> Callable[[], Any]:
     if policy is None:
         return lambda: [model(r, classification_head_name=HEAD) for r in rows]
+    if general:  # the general batched loop, without the batch-1 path
+        return lambda: [run_early_exit(model, r, policy, HEAD, single_row=False) for r in rows]
     return lambda: [model.early_exit(r, policy, classification_head_name=HEAD) for r in rows]
 
 
@@ -171,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary: dict[str, dict[str, str]] = {}  # printed after the variants
     for dtype in dtypes:
         cases = variants(model, dtype)
-        jobs = {name: job(m, policy, rows) for name, (m, policy) in cases.items()}
+        jobs = {name: job(m, p, rows, name == GENERAL) for name, (m, p) in cases.items()}
         with torch.inference_mode():
             times = interleaved(jobs, args.rounds)
         plain = times[PLAIN]
@@ -183,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             ratio = statistics.median(s / q for s, q in zip(times[name], plain))
             cells.setdefault(name, {})[dtype] = f"{100 * (ratio - 1):+.1f}%"
-            if name.startswith("all") and "heads" not in name:
+            if name.startswith("all") and "heads" not in name and name != GENERAL:
                 evaluated = len(model.shallow_exit_layers)
                 head = (ratio - 1) * model.num_layers / evaluated
                 summary.setdefault("head cost, layers (--head-cost)", {})[dtype] = f"{head:.3f}"

@@ -85,9 +85,9 @@ def test_host_decisions_equal_the_policies_decisions(k, monkeypatch):
     calls = {"tensor": 0}
     on_tensor = RowDecider._on_tensor
 
-    def counting(self, logits):
+    def counting(self, logits, step):
         calls["tensor"] += 1
-        return on_tensor(self, logits)
+        return on_tensor(self, logits, step)
 
     monkeypatch.setattr(RowDecider, "_on_tensor", counting)
     hosted = 0
@@ -206,3 +206,18 @@ def test_batch_one_takes_the_single_row_path(tiny_built, monkeypatch):
     model.early_exit(tokens, "entropy:0.3")
     model.early_exit(tokens[:1], "entropy:0.3")  # row 0 is padded in the batch
     assert calls == [1]
+
+
+def test_hooks_still_run_on_the_single_row_path(tiny_built):
+    """A forward hook on a head's module is honoured (the module is then called, not its
+    ``forward``)."""
+    model, task, _ = tiny_built
+    _, rows = tiny_batch(task, [5])
+    seen = []
+    dense = model.classification_heads[f"{HEAD}_exit1"].dense
+    handle = dense.register_forward_hook(lambda module, inputs, output: seen.append(output))
+    try:
+        model.early_exit(rows[0].unsqueeze(0), "entropy:1e-30")
+    finally:
+        handle.remove()
+    assert len(seen) == 1 and seen[0].shape == (1, dense.out_features)

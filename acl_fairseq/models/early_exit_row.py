@@ -6,9 +6,10 @@ after a layer (its code and the head's weights pushed out of the caches by the l
 general loop spends about twenty ops per exit (slicing, a transpose, pooling, two dropouts, the
 head's three, the policy's rule, the host sync); this path spends four or five:
 
-* the head (``first`` pooling): position 0 of the running row (``x[0]``, then ``exit_hidden``
-  when the model has a final layer norm), ``dense``, activation, ``out_proj``; dropout is the
-  identity in eval mode. ``mean`` pooling goes through the general head code;
+* the head (``first`` pooling): position 0 of the running row (``x.select(0, 0)``, then
+  ``exit_hidden``: the final layer norm of a pre-norm model), ``dense``, activation,
+  ``out_proj`` (their ``forward`` when no hook is set); dropout is the identity in eval mode.
+  ``mean`` pooling goes through the general head code;
 * the decision (``RowDecider``): the logits come to the host once (``tolist``) and the built-in
   kinds (``entropy``, ``maxprob``, ``patience``, ``per_exit_*``) apply their rule there in
   float64. The policy decides in float32 on the tensor, so when a score lies within a bound of
@@ -35,25 +36,16 @@ from .types import EarlyExitResult
 __all__ = ["RowDecider", "run_single_row"]
 
 SLACK = 1e-5
-"""A float64 score this close to its threshold (scaled by ``_margin``) is decided in float32 on
-the tensor; float32's own error is below a hundredth of it."""
+"""A float64 score closer than ``SLACK (H + 1)(R + K + 1)`` to its threshold (``H`` the entropy,
+``R`` the logits' range, ``K`` the classes) is decided in float32 on the tensor. Float32's
+error on either score is about ``6e-8 (H + 1)(2R + 3K + 6)``: a hundredth of it or less."""
 
-_SCORES = {EntropyPolicy: "entropy", MaxProbPolicy: "maxprob"}
-_PER_EXIT = {PerExitEntropyPolicy: "entropy", PerExitMaxProbPolicy: "maxprob"}
-
-
-def _scores(values: list[float]) -> tuple[float, float, float]:
-    """``(entropy in nats, top probability, margin)`` of ``softmax(values)`` in float64;
-    ``margin`` bounds float32's error on either score a hundred times over: about
-    ``6e-8 (H + 1)(2R + 3K + 6)`` with ``R`` the logits' range."""
-    top = max(values)
-    shifted = [v - top for v in values]
-    total = math.fsum(math.exp(v) for v in shifted)
-    log_total = math.log(total)
-    entropy = -math.fsum(math.exp(v - log_total) * (v - log_total) for v in shifted)
-    spread = -min(shifted)
-    margin = SLACK * (max(entropy, 0.0) + 1.0) * (spread + len(values) + 1.0)
-    return max(entropy, 0.0), 1.0 / total, margin
+_RULES = {
+    EntropyPolicy: "entropy",
+    MaxProbPolicy: "maxprob",
+    PerExitEntropyPolicy: "entropy",
+    PerExitMaxProbPolicy: "maxprob",
+}
 
 
 class RowDecider:
@@ -65,30 +57,24 @@ class RowDecider:
         self.policy = policy
         self.device = device
         kind = type(policy)
-        self.rule = _SCORES.get(kind) or _PER_EXIT.get(kind)  # type: ignore[call-overload]
+        self.rule = _RULES.get(kind)
         self.hosted = self.rule is not None or kind is PatiencePolicy
+        self.per_exit = isinstance(policy, PerExitPolicy)
+        self.patience: int | None = getattr(policy, "patience", None)
+        if self.per_exit:
+            self.thresholds = tuple(policy.thresholds)  # type: ignore[attr-defined]
+        elif self.rule is not None:
+            self.thresholds = (float(policy.threshold),)  # type: ignore[attr-defined]
         self.step = 0  # the policy's exits passed (per-exit kinds)
         self.counter, self.prev = 0, -1  # PABEE's state (patience, per-exit with patience)
         self.state = None if self.hosted else policy.init_state(1, device)
 
-    def _patience(self) -> int | None:
-        policy = self.policy
-        if isinstance(policy, PatiencePolicy):
-            return policy.patience
-        return policy.patience if isinstance(policy, PerExitPolicy) else None
-
-    def _threshold(self) -> float:
-        policy = self.policy
-        if isinstance(policy, PerExitPolicy):
-            return policy.thresholds[self.step]
-        return float(policy.threshold)  # type: ignore[attr-defined]
-
-    def _on_tensor(self, logits: Tensor) -> bool:
+    def _on_tensor(self, logits: Tensor, step: int) -> bool:
         """The policy's own ``decide`` on the host state written as tensors."""
         state: dict[str, Tensor] = {}
-        if isinstance(self.policy, PerExitPolicy):
-            state["step"] = torch.tensor([self.step], device=self.device)
-        if self._patience() is not None:
+        if self.per_exit:
+            state["step"] = torch.tensor([step], device=self.device)
+        if self.patience is not None:
             state["counter"] = torch.tensor([self.counter], device=self.device)
             state["prev_pred"] = torch.tensor([self.prev], device=self.device)
         mask, new = self.policy.decide(logits, state)
@@ -101,41 +87,54 @@ class RowDecider:
         if not self.hosted:
             mask, self.state = self.policy.decide(logits, self.state)
             return bool(mask)
-        try:
-            return self._leave_on_host(logits)
-        finally:
-            self.step += 1
-
-    def _leave_on_host(self, logits: Tensor) -> bool:
+        step = self.step
+        self.step = step + 1
         values = logits.tolist()[0]
-        if not all(math.isfinite(v) for v in values):
-            return self._on_tensor(logits)
-        patience = self._patience()
-        patient, counter, prev = False, self.counter, self.prev
-        if patience is not None:
-            top = max(values)
+        check = sum(values)
+        if check - check != 0.0:  # a logit is inf or nan
+            return self._on_tensor(logits, step)
+        top = max(values)
+        leaves, counter, prev = False, self.counter, self.prev
+        if self.patience is not None:
             if values.count(top) > 1:  # a tie: argmax's choice, on the tensor
-                return self._on_tensor(logits)
+                return self._on_tensor(logits, step)
             prev = values.index(top)
-            counter = self.counter + 1 if prev == self.prev else 0
-            patient = counter >= patience
+            counter = counter + 1 if prev == self.prev else 0
+            leaves = counter >= self.patience
         if self.rule is not None:
-            entropy, top_probability, margin = _scores(values)
-            threshold = self._threshold()
-            score = entropy if self.rule == "entropy" else top_probability
+            exps = [math.exp(v - top) for v in values]
+            total = sum(exps)
+            entropy = max(
+                math.log(total) - sum(e * (v - top) for e, v in zip(exps, values)) / total, 0.0
+            )
+            margin = SLACK * (entropy + 1.0) * (top - min(values) + len(values) + 1.0)
+            threshold = self.thresholds[step if self.per_exit else 0]
+            score = entropy if self.rule == "entropy" else 1.0 / total
             if abs(score - threshold) <= margin:  # too close to call in float64
-                return self._on_tensor(logits)
-            confident = score < threshold if self.rule == "entropy" else score >= threshold
-            patient = patient or confident
+                return self._on_tensor(logits, step)
+            leaves = leaves or (score < threshold if self.rule == "entropy" else score >= threshold)
         self.counter, self.prev = counter, prev
-        return patient
+        return leaves
+
+
+def _call(module: Any, x: Tensor) -> Tensor:
+    """``module(x)``: its ``forward`` straight away when no hook is registered anywhere."""
+    if module._forward_hooks or module._forward_pre_hooks or _global_hooks():
+        return module(x)
+    return module.forward(x)
+
+
+def _global_hooks() -> bool:
+    from torch.nn.modules import module as nn_module
+
+    return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
 
 
 def _row_logits(model: Any, head: Any, x: Tensor) -> Tensor:
     """Logits (1 x K) of ``head`` on the running row's hidden states ``x`` (T x 1 x C),
     ``first`` pooling, eval mode: the numbers of ``pool`` then ``classify``."""
-    features = model.exit_hidden(x[0])  # 1 x C
-    return head.out_proj(head.activation_fn(head.dense(features)))
+    features = model.exit_hidden(x.select(0, 0))  # 1 x C
+    return _call(head.out_proj, head.activation_fn(_call(head.dense, features)))
 
 
 def run_single_row(
