@@ -3,13 +3,16 @@ them cheaper: a ratio table.
 
 A multi-exit model at batch 1 on a short sentence pays, per shallow exit, its head (the final
 layer norm of the first position for pre-norm models, the C x C ``dense`` + activation, the
-K x C ``out_proj``) and the policy's decision (one host sync). A 20-token layer of MiniLM-L6 is
-~1.4 ms in fp32; the head's arithmetic is ~0.15 MFLOP, so its cost is reading the 384 x 384
-``dense`` weights back after the layer pushed them out of the cache, plus fixed overhead. Each
+K x C ``out_proj``) and the policy's decision. The head's arithmetic is ~0.15 MFLOP; its cost
+is reading the ``dense`` weights back after the layer pushed them out of the cache, and the
+fixed cost of each tensor op run right after a layer (docs/results.md). Each
 variant is timed against the plain full-depth forward *at the same encoder precision*, with
 every row staying to the last layer, so the ratio is the exits' cost alone:
 
-* ``all exits``: every shallow exit evaluated (``entropy:1e-30``: nobody leaves);
+* ``all exits``: every shallow exit evaluated (``entropy:1e-30``: nobody leaves), on the
+  batch-1 path (``models.early_exit_row``);
+* ``all exits, general loop``: the same through the general batched loop
+  (``run_early_exit(..., single_row=False)``): what batch 1 cost before the batch-1 path;
 * ``exits 2,4`` / ``exit 3``: a per-exit policy that evaluates only some exits (the skip list
   the sweep's calibration writes when an exit does not pay for its head, ``--head-cost``);
 * ``all exits, bf16 heads`` / ``int8 heads`` (fp32 encoder only): only the shallow heads'
