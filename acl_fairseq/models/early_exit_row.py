@@ -24,6 +24,7 @@ every kind and precision).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -117,24 +118,26 @@ class RowDecider:
         return leaves
 
 
-def _call(module: Any, x: Tensor) -> Tensor:
-    """``module(x)``: its ``forward`` straight away when no hook is registered anywhere."""
-    if module._forward_hooks or module._forward_pre_hooks or _global_hooks():
-        return module(x)
-    return module.forward(x)
-
-
-def _global_hooks() -> bool:
+def _hooks_anywhere() -> bool:
     from torch.nn.modules import module as nn_module
 
     return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
 
 
-def _row_logits(model: Any, head: Any, x: Tensor) -> Tensor:
-    """Logits (1 x K) of ``head`` on the running row's hidden states ``x`` (T x 1 x C),
+def _forward(module: Any, hooks: bool) -> Any:
+    """``module.forward`` when no hook is registered on it or globally (``hooks``), else the
+    module itself (its hooks run)."""
+    if hooks or module._forward_hooks or module._forward_pre_hooks:
+        return module
+    return module.forward
+
+
+def _row_head(model: Any, head: Any, hooks: bool) -> Callable[[Tensor], Tensor]:
+    """``x`` (T x 1 x C, the running row's hidden states) -> logits (1 x K) of ``head``,
     ``first`` pooling, eval mode: the numbers of ``pool`` then ``classify``."""
-    features = model.exit_hidden(x.select(0, 0))  # 1 x C
-    return _call(head.out_proj, head.activation_fn(_call(head.dense, features)))
+    dense, out_proj = _forward(head.dense, hooks), _forward(head.out_proj, hooks)
+    activation, exit_hidden = head.activation_fn, model.exit_hidden
+    return lambda x: out_proj(activation(dense(exit_hidden(x.select(0, 0)))))
 
 
 def run_single_row(
@@ -157,18 +160,21 @@ def run_single_row(
     mean = None
     if any(head.pooling == "mean" for head in heads.values()):
         mean = MeanWeights(src_tokens.new_zeros(src_tokens.shape, dtype=torch.bool), False)
+    hooks = _hooks_anywhere()
+    row_heads = {
+        layer: _row_head(model, head, hooks)
+        for layer, head in heads.items()
+        if head.pooling == "first"
+    }
     decider = RowDecider(policy, device)
     logits, exit_layer = None, num_layers
     for layer_idx, layer in enumerate(encoder.layers, start=1):
         out = layer(x, encoder_padding_mask=None)
         x = out[0] if isinstance(out, tuple) and len(out) == 2 else out
-        head = heads.get(layer_idx)
-        if head is None:
+        if layer_idx not in heads:
             continue
-        if head.pooling == "first":
-            logits = _row_logits(model, head, x)
-        else:
-            logits = exit_logits(model, head, x, mean)
+        row_head = row_heads.get(layer_idx)
+        logits = row_head(x) if row_head else exit_logits(model, heads[layer_idx], x, mean)
         if layer_idx == num_layers:
             break
         if decider.leave(logits):
