@@ -3,13 +3,16 @@ them cheaper: a ratio table.
 
 A multi-exit model at batch 1 on a short sentence pays, per shallow exit, its head (the final
 layer norm of the first position for pre-norm models, the C x C ``dense`` + activation, the
-K x C ``out_proj``) and the policy's decision (one host sync). A 20-token layer of MiniLM-L6 is
-~1.4 ms in fp32; the head's arithmetic is ~0.15 MFLOP, so its cost is reading the 384 x 384
-``dense`` weights back after the layer pushed them out of the cache, plus fixed overhead. Each
+K x C ``out_proj``) and the policy's decision. The head's arithmetic is ~0.15 MFLOP; its cost
+is reading the ``dense`` weights back after the layer pushed them out of the cache, and the
+fixed cost of each tensor op run right after a layer (docs/results.md). Each
 variant is timed against the plain full-depth forward *at the same encoder precision*, with
 every row staying to the last layer, so the ratio is the exits' cost alone:
 
-* ``all exits``: every shallow exit evaluated (``entropy:1e-30``: nobody leaves);
+* ``all exits``: every shallow exit evaluated (``entropy:1e-30``: nobody leaves), on the
+  batch-1 path (``models.early_exit_row``);
+* ``all exits, general loop``: the same through the general batched loop
+  (``run_early_exit(..., single_row=False)``): what batch 1 cost before the batch-1 path;
 * ``exits 2,4`` / ``exit 3``: a per-exit policy that evaluates only some exits (the skip list
   the sweep's calibration writes when an exit does not pay for its head, ``--head-cost``);
 * ``all exits, bf16 heads`` / ``int8 heads`` (fp32 encoder only): only the shallow heads'
@@ -50,6 +53,7 @@ from acl_fairseq.inference.precision import (
     check_precision,
     prepare_for_inference,
 )
+from acl_fairseq.models.early_exit_loop import run_early_exit
 from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
 from benchmarks.common import (
     GOAL_OVERHEAD,
@@ -62,6 +66,7 @@ from benchmarks.exit_heads import prepare_exit_heads
 
 NOBODY = 1e-30  # an entropy threshold no row passes: every exit evaluated, nobody leaves
 PLAIN = "plain forward"
+GENERAL = "all exits, general loop (no batch-1 path: before)"
 
 
 def random_model(pooling: str, length: int) -> tuple[Any, list[Tensor]]:
@@ -99,6 +104,7 @@ def variants(model: Any, dtype: str) -> dict[str, tuple[Any, ExitPolicy | None]]
     out: dict[str, tuple[Any, ExitPolicy | None]] = {
         PLAIN: (base, None),
         f"all {len(shallow)} exits": (base, EntropyPolicy(NOBODY)),
+        GENERAL: (base, EntropyPolicy(NOBODY)),
     }
     half = tuple(layer for layer in shallow if layer % 2 == 0)
     if half and half != shallow:
@@ -114,9 +120,13 @@ def variants(model: Any, dtype: str) -> dict[str, tuple[Any, ExitPolicy | None]]
     return out
 
 
-def job(model: Any, policy: ExitPolicy | None, rows: Sequence[Tensor]) -> Callable[[], Any]:
+def job(
+    model: Any, policy: ExitPolicy | None, rows: Sequence[Tensor], general: bool = False
+) -> Callable[[], Any]:
     if policy is None:
         return lambda: [model(r, classification_head_name=HEAD) for r in rows]
+    if general:  # the general batched loop, without the batch-1 path
+        return lambda: [run_early_exit(model, r, policy, HEAD, single_row=False) for r in rows]
     return lambda: [model.early_exit(r, policy, classification_head_name=HEAD) for r in rows]
 
 
@@ -171,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary: dict[str, dict[str, str]] = {}  # printed after the variants
     for dtype in dtypes:
         cases = variants(model, dtype)
-        jobs = {name: job(m, policy, rows) for name, (m, policy) in cases.items()}
+        jobs = {name: job(m, p, rows, name == GENERAL) for name, (m, p) in cases.items()}
         with torch.inference_mode():
             times = interleaved(jobs, args.rounds)
         plain = times[PLAIN]
@@ -183,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             ratio = statistics.median(s / q for s, q in zip(times[name], plain))
             cells.setdefault(name, {})[dtype] = f"{100 * (ratio - 1):+.1f}%"
-            if name.startswith("all") and "heads" not in name:
+            if name.startswith("all") and "heads" not in name and name != GENERAL:
                 evaluated = len(model.shallow_exit_layers)
                 head = (ratio - 1) * model.num_layers / evaluated
                 summary.setdefault("head cost, layers (--head-cost)", {})[dtype] = f"{head:.3f}"
