@@ -90,6 +90,21 @@ def test_bad_cross_layer_settings(sentiment_data, args, message):
         set_up(sentiment_data, *MULTI_EXIT, "--criterion", "acl_cross_layer", *args)
 
 
+@pytest.mark.parametrize("criterion", ["multi_exit_ce", "acl_cross_layer"])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--self-distill-weight", "-0.5"], "--self-distill-weight must be a finite number >= 0"),
+        (["--self-distill-weight", "inf"], "--self-distill-weight must be a finite number >= 0"),
+        (["--self-distill-temperature", "0"], "--self-distill-temperature must be a finite"),
+        (["--self-distill-temperature", "-2"], "--self-distill-temperature must be a finite"),
+    ],
+)
+def test_bad_self_distillation_settings(sentiment_data, criterion, args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        set_up(sentiment_data, *MULTI_EXIT, "--criterion", criterion, *args)
+
+
 @pytest.mark.parametrize(
     "criterion,flags,on",
     [
@@ -134,6 +149,8 @@ def test_acl_grad_switch_in_a_hydra_config():
         ({"contrastive_lambda": -0.5}, "--contrastive-lambda must be a finite number >= 0"),
         ({"acl_grad_threshold": -1.0}, "--acl-grad-threshold is an angle in degrees"),
         ({"cross_layer_lambda": float("nan")}, "--cross-layer-lambda must be"),
+        ({"self_distill_weight": -1.0}, "--self-distill-weight must be a finite number >= 0"),
+        ({"self_distill_temperature": 0.0}, "--self-distill-temperature must be a finite"),
     ],
 )
 def test_the_criterion_constructors_check_their_config(config, message):
@@ -144,7 +161,7 @@ def test_the_criterion_constructors_check_their_config(config, message):
     d = Dictionary()
     task = AclSentencePredictionTask(AclSentencePredictionConfig(data="-", num_classes=2), d, d)
     builds = [(AclCrossLayerConfig, AclCrossLayerCriterion)]
-    if "cross_layer_lambda" not in config:
+    if not {"cross_layer_lambda", "self_distill_weight", "self_distill_temperature"} & set(config):
         builds.append((AclEmbedConfig, AclEmbedCriterion))
     for config_class, criterion_class in builds:
         with pytest.raises(ValueError, match=re.escape(message)):

@@ -255,3 +255,66 @@ def test_num_classes_mismatch_is_a_clear_error(data_dir):
     task, _, _ = build(data_dir, ["--criterion", "multi_exit_ce"])
     with pytest.raises(ValueError, match="--num-classes 2 does not match .* lists 3 labels"):
         check_num_classes(2, task.label_dictionary, str(data_dir))
+
+
+def naive_self_distill(outs, weight, tau):
+    """W * sum over shallow exits and examples of T^2 * KL(p_final || p_exit), from the formula."""
+    total = 0.0
+    teacher = outs[-1].logits.double()
+    for o in outs[:-1]:
+        for zs, zt in zip(o.logits.double(), teacher):
+            p, q = F.softmax(zt / tau, -1), F.softmax(zs / tau, -1)
+            total += tau**2 * float((p * (p.log() - q.log())).sum())
+    return weight * total
+
+
+@pytest.mark.parametrize("criterion", ["multi_exit_ce", "acl_cross_layer"])
+def test_self_distillation_against_reference(data_dir, criterion):
+    weight, tau = 0.8, 2.0
+    _, model, plain = build(data_dir, ["--criterion", criterion])
+    _, model_sd, crit = build(
+        data_dir,
+        ["--criterion", criterion, "--self-distill-weight", str(weight),
+         "--self-distill-temperature", str(tau)],
+    )  # fmt: skip
+    model_sd.load_state_dict(model.state_dict())
+    model.eval(), model_sd.eval()
+    s = sample()
+    ce0, con0, _, log0 = plain.loss_terms(model, s)
+    ce, con, n, log = crit.loss_terms(model_sd, s)
+    ref = naive_self_distill(model.exit_outputs(s["net_input"]["src_tokens"]), weight, tau)
+    assert ref > 0
+    assert torch.equal(ce, ce0)  # CE untouched; the term is in the auxiliary group
+    assert con.item() == pytest.approx(con0.item() + ref, rel=1e-5)
+    assert log["self_distill_loss"].item() == pytest.approx(ref, rel=1e-5)
+    assert log["contrastive_loss"].item() == pytest.approx(log0["contrastive_loss"].item())
+    assert log["loss"].item() == pytest.approx((ce + con).item())
+    assert "self_distill_loss" not in log0
+
+
+@pytest.mark.parametrize("criterion", ["multi_exit_ce", "acl_cross_layer"])
+def test_self_distillation_weight_0_is_the_plain_criterion(data_dir, criterion):
+    _, model, plain = build(data_dir, ["--criterion", criterion])
+    _, _, zero = build(
+        data_dir,
+        ["--criterion", criterion, "--self-distill-weight", "0",
+         "--self-distill-temperature", "3"],
+    )  # fmt: skip
+    model.eval()
+    s = sample()
+    (ce0, con0, n0, log0), (ce, con, n, log) = plain.loss_terms(model, s), zero.loss_terms(model, s)
+    assert torch.equal(ce, ce0) and torch.equal(con, con0) and n == n0
+    assert log.keys() == log0.keys() and torch.equal(log["loss"], log0["loss"])
+
+
+def test_self_distillation_gives_the_final_exit_no_gradient(data_dir):
+    _, model, crit = build(data_dir, ["--criterion", "multi_exit_ce", "--self-distill-weight", "1"])
+    model.train()
+    _, aux, _, _ = crit.loss_terms(model, sample())
+    aux.backward()  # the self-distillation term alone (multi_exit_ce has no contrastive term)
+    heads = model.classification_heads
+    final = heads["sentence_classification_head"]
+    for p in final.parameters():
+        assert p.grad is None or torch.count_nonzero(p.grad) == 0
+    for name in ("sentence_classification_head_exit1", "sentence_classification_head_exit2"):
+        assert torch.count_nonzero(heads[name].out_proj.weight.grad) > 0

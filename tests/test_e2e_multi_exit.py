@@ -115,3 +115,24 @@ def test_tensorboard_logdir_writes_the_acl_scalars(sentiment_data, tmp_path):
     acl = {"acl_grad_angle", "acl_grad_drop", "ce_loss", "contrastive_loss"}
     assert acl | per_exit | {"loss", "accuracy"} <= scalar_tags(logdir / "train_inner")
     assert per_exit | {"ce_loss", "contrastive_loss"} <= scalar_tags(logdir / "valid")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("criterion", ["multi_exit_ce", "acl_cross_layer"])
+def test_self_distillation_through_fairseq_train(sentiment_data, tmp_path, criterion):
+    out = fairseq_train(
+        sentiment_data, tmp_path / "ck", *train_args(task=None, max_update=3),
+        "--arch", "multi_exit_roberta_tiny", "--encoder-layers", "2",
+        "--task", "acl_sentence_prediction", "--criterion", criterion, "--no-save",
+        "--self-distill-weight", "0.5", "--self-distill-temperature", "2",
+        "--validate-interval-updates", "3",
+    )  # fmt: skip
+    train = json_records(out, kind="train_inner")
+    valid = [r for r in json_records(out) if "valid_self_distill_loss" in r]
+    assert len(train) == 3 and valid
+    for r in train:
+        assert float(r["self_distill_loss"]) > 0
+        parts = sum(float(r[k]) for k in ("ce_loss", "contrastive_loss", "self_distill_loss"))
+        assert float(r["loss"]) == pytest.approx(parts, abs=3e-3)
+    if criterion == "acl_cross_layer":  # ACL-Grad's train_step ran with the term
+        assert "acl_grad_angle" in train[-1]

@@ -8,6 +8,7 @@ import torch
 from acl_fairseq.criterions.losses import (
     acl_embed_loss,
     cross_layer_loss,
+    self_distillation_loss,
     supcon_loss,
     supervised_contrastive_loss,
 )
@@ -177,3 +178,42 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="A x C"):
         supcon_loss(torch.randn(3, 2), torch.tensor([0, 1]), 0.1)
     assert math.isfinite(supcon_loss(torch.randn(2, 2), torch.tensor([0, 0]), 0.1).item())
+
+
+def naive_self_distillation(student, teacher, temperature):
+    """T^2 * sum_n sum_k p_nk * (log p_nk - log q_nk), a loop over examples, float64."""
+    total = torch.zeros((), dtype=torch.float64)
+    for zs, zt in zip(student.double(), teacher.double()):
+        p = torch.exp(zt / temperature) / torch.exp(zt / temperature).sum()
+        q = torch.exp(zs / temperature) / torch.exp(zs / temperature).sum()
+        total = total + sum(p[k] * (torch.log(p[k]) - torch.log(q[k])) for k in range(len(p)))
+    return temperature**2 * total
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 3.0])
+def test_self_distillation_against_naive(temperature):
+    g = torch.Generator().manual_seed(11)
+    student = torch.randn(5, 3, generator=g) * 2
+    teacher = torch.randn(5, 3, generator=g) * 2
+    loss = self_distillation_loss(student, teacher, temperature)
+    ref = naive_self_distillation(student, teacher, temperature)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert self_distillation_loss(teacher, teacher, temperature).item() == pytest.approx(
+        0.0, abs=1e-6
+    )
+
+
+def test_self_distillation_teacher_gets_no_gradient():
+    student = torch.randn(4, 2, requires_grad=True)
+    teacher = torch.randn(4, 2, requires_grad=True)
+    self_distillation_loss(student, teacher, 2.0).backward()
+    assert teacher.grad is None
+    assert torch.count_nonzero(student.grad) > 0
+
+
+def test_self_distillation_bad_arguments():
+    with pytest.raises(ValueError, match="temperature"):
+        self_distillation_loss(torch.randn(3, 2), torch.randn(3, 2), 0.0)
+    with pytest.raises(ValueError, match="N x K of one shape"):
+        self_distillation_loss(torch.randn(3, 2), torch.randn(3, 3), 1.0)

@@ -15,7 +15,8 @@ loaded from ``PATH`` at the first forward pass, so a resumed run has the same te
 ACL-Grad (on by default) decides once per update on the *total* CE gradient versus the
 *total* contrastive gradient: deciding per exit would cost one extra backward pass per exit
 (M + 1 instead of 2), and the exits share the backbone, whose gradient is where the terms
-conflict.
+conflict. ``--self-distill-weight``'s term counts as contrastive there: like ACL-CL it pulls
+the shallow exits toward the last one, and it conflicts with CE where the last exit is wrong.
 """
 
 import copy

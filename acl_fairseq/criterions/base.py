@@ -84,6 +84,14 @@ _RULES = {
         lambda x: math.isfinite(x) and x > 0,
         "--temperature must be > 0 (e.g. 0.1 or 0.3), got {}",
     ),
+    "self_distill_weight": (
+        _finite_at_least_zero,
+        "--self-distill-weight must be a finite number >= 0 (0: no self-distillation), got {}",
+    ),
+    "self_distill_temperature": (
+        lambda x: math.isfinite(x) and x > 0,
+        "--self-distill-temperature must be a finite number > 0 (e.g. 1 or 2), got {}",
+    ),
     "acl_grad_threshold": (
         lambda x: 0.0 <= x <= 180.0,
         "--acl-grad-threshold is an angle in degrees in [0, 180], got {}",

@@ -1,4 +1,4 @@
-"""Contrastive losses of ACL, in pure torch (no fairseq import).
+"""Contrastive losses of ACL and the exits' self-distillation, in pure torch (no fairseq import).
 
 N samples, K classes, C features. ``features``: the pooled ``h`` that a classifier's
 ``out_proj`` consumes; ``label_embeddings``: the rows ``l_k`` of ``out_proj.weight`` (CE
@@ -17,6 +17,7 @@ __all__ = [
     "acl_embed_loss",
     "supervised_contrastive_loss",
     "cross_layer_loss",
+    "self_distillation_loss",
 ]
 
 
@@ -101,3 +102,26 @@ def cross_layer_loss(
     class_ids = _label_ids(student_label_embeddings.size(0), labels)
     all_labels = torch.cat([labels, class_ids, labels, class_ids])
     return supcon_loss(vectors, all_labels, temperature)
+
+
+def self_distillation_loss(
+    student_logits: Tensor, teacher_logits: Tensor, temperature: float
+) -> Tensor:
+    """FastBERT's self-distillation of one exit, summed over the batch::
+
+        sum_n T^2 * KL( softmax(teacher_n / T) || softmax(student_n / T) )
+
+    ``student_logits`` and ``teacher_logits``: N x K; the teacher is detached, so only the
+    student learns. A float32 scalar (0 for N = 0, still in the graph).
+    """
+    if student_logits.shape != teacher_logits.shape or student_logits.dim() != 2:
+        raise ValueError(
+            f"self_distillation_loss expects student and teacher logits N x K of one shape, got "
+            f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}"
+        )
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    log_q = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    log_p = F.log_softmax(teacher_logits.detach().float() / temperature, dim=-1)
+    kl = F.kl_div(log_q, log_p, reduction="sum", log_target=True)
+    return temperature**2 * kl

@@ -5,6 +5,10 @@
 ``--best-checkpoint-metric accuracy`` keeps meaning the full model) and ``accuracy_exit{l}`` /
 ``loss_exit{l}`` of every exit, in training and in validation, so ``fairseq-validate`` prints
 the layer-score curve in one pass.
+
+``--self-distill-weight W`` (here and in ``acl_cross_layer``) adds FastBERT's
+self-distillation from the final exit to each shallow exit, logged as ``self_distill_loss``;
+it is an auxiliary term beside the contrastive ones (ACL-Grad may drop it, never CE).
 """
 
 import math
@@ -25,6 +29,7 @@ from ..autocast import full_precision
 from ..distributed import call_through_wrappers
 from ..errors import AclValueError
 from .base import LossTerms, LossTermsCriterion
+from .losses import self_distillation_loss
 
 EXIT_WEIGHTING = ChoiceEnum(["layer", "uniform"])
 
@@ -37,6 +42,17 @@ class MultiExitCeConfig(SentencePredictionConfig):
             "help": "weights of the exits' losses: 'layer' (w_l proportional to the layer "
             "index, PABEE) or 'uniform'; normalised to sum to 1"
         },
+    )
+    self_distill_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight W of self-distillation (FastBERT): loss += W * sum over shallow "
+            "exits of T^2 * KL(final exit's softmax(z/T), detached || the exit's); 0: off"
+        },
+    )
+    self_distill_temperature: float = field(
+        default=1.0,
+        metadata={"help": "temperature T (> 0) of --self-distill-weight's softened softmaxes"},
     )
 
 
@@ -56,6 +72,8 @@ class MultiExitCeCriterion(LossTermsCriterion):
     def __init__(self, cfg: MultiExitCeConfig, task):
         super().__init__(cfg, task)
         self.exit_weighting = cfg.exit_weighting
+        self.self_distill_weight = float(cfg.self_distill_weight)
+        self.self_distill_temperature = float(cfg.self_distill_temperature)
 
     def check_model(self, model: nn.Module) -> None:
         """Raises ValueError unless ``model`` has exits (called by the task at set-up)."""
@@ -86,6 +104,17 @@ class MultiExitCeCriterion(LossTermsCriterion):
         """Normalised weight of each exit's contrastive term (those of the CE terms here)."""
         return exit_weights(layers, self.exit_weighting)
 
+    def self_distill_term(self, outputs) -> Tensor | None:
+        """``W * sum_{shallow l} T^2 * KL(p_final || p_l)`` summed over the batch, the final
+        exit detached (the live one, also with ``--frozen-teacher``); None when W is 0."""
+        if self.self_distill_weight == 0 or len(outputs) < 2:
+            return None
+        teacher = outputs[-1].logits
+        t = self.self_distill_temperature
+        return self.self_distill_weight * sum(
+            self_distillation_loss(o.logits, teacher, t) for o in outputs[:-1]
+        )
+
     def loss_terms(self, model: nn.Module, sample: dict[str, Any]) -> LossTerms:
         outputs = self.exit_outputs(model, sample)
         # the losses in fp32, also under --autocast: fp32 outputs, autocast off for the terms
@@ -103,6 +132,7 @@ class MultiExitCeCriterion(LossTermsCriterion):
         ce_loss = sum(w * ce for w, ce in zip(weights, ce_per_exit))
         with full_precision(final_logits):
             contrastive = self.contrastive_terms(model, sample, outputs, targets)
+            distill_loss = self.self_distill_term(outputs)
         if contrastive is None:
             contrastive_loss = final_logits.sum() * 0.0
         else:
@@ -111,6 +141,12 @@ class MultiExitCeCriterion(LossTermsCriterion):
         logging_output = self.terms_logging_output(
             model, sample, ce_loss, contrastive_loss, final_logits, targets
         )
+        if distill_loss is not None:
+            # In the auxiliary group with the contrastive terms, not with CE: ACL-Grad keeps the
+            # labelled CE and drops the teacher-driven terms when their gradient conflicts.
+            contrastive_loss = contrastive_loss + distill_loss
+            logging_output["loss"] = (ce_loss + contrastive_loss).data
+            logging_output["self_distill_loss"] = distill_loss.data
         for o, ce in zip(outputs, ce_per_exit):
             logging_output[f"loss_exit{o.layer}"] = ce.data
             logging_output[f"ncorrect_exit{o.layer}"] = (o.logits.argmax(dim=1) == targets).sum()
@@ -120,6 +156,10 @@ class MultiExitCeCriterion(LossTermsCriterion):
     def reduce_metrics(logging_outputs) -> None:
         LossTermsCriterion.reduce_metrics(logging_outputs)
         sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        if any("self_distill_loss" in log for log in logging_outputs):
+            total = sum(log.get("self_distill_loss", 0) for log in logging_outputs)
+            value = total / (sample_size or 1) / math.log(2)
+            metrics.log_scalar("self_distill_loss", value, sample_size, round=3)
         nsentences = sum(log.get("nsentences", 0) for log in logging_outputs)
         keys = logging_outputs[0].keys() if logging_outputs else []
         prefix = "ncorrect_exit"
