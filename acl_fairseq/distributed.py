@@ -13,16 +13,12 @@
   checkpoint to restore or resume on worker 0 and broadcasts it pickled; under torch >= 2.6
   the other workers' ``torch.load`` refuses it (weights-only). Installed when the plugin is
   imported, the receivers unpickle what worker 0 of the same job sent.
-* :func:`install_teardown`: a worker must not leave threads running torch code when the
-  interpreter shuts down. fairseq's data loading runs in a daemon thread
-  (``iterators.BackgroundConsumer``) that keeps collating batches ahead of training; caught
-  inside a torch operator at shutdown, it is ended by the interpreter through C++ frames and
-  the process aborts ("terminate called without an active exception", exit status 134,
-  now and then, after a run that succeeded). And fairseq's ``distributed_main`` returns
-  without destroying the process group (gloo's and the TCP store's threads, the DDP reducer
-  holding the group). Installed when the plugin is imported, :func:`teardown` stops the
-  data-loading threads and destroys the process group when a worker's command returns, and
-  again (the threads) at interpreter exit.
+* :func:`install_teardown`: fairseq's data-loading daemon thread (``BackgroundConsumer``),
+  caught inside a torch operator when the interpreter shuts down, aborts the process
+  ("terminate called without an active exception", now and then after a run that
+  succeeded); and ``distributed_main`` returns with the process group alive. Installed when
+  the plugin is imported, :func:`teardown` stops those threads and destroys the group when a
+  worker's command returns (the threads again at exit).
 * :func:`call_through_wrappers`: DDP reduces the gradients of a backward pass only when the
   forward went through ``DistributedDataParallel.forward`` (which prepares its reducer).
   A model method other than ``forward`` reached through fairseq's ``ModuleProxyWrapper``
