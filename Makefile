@@ -14,11 +14,15 @@ $(STAMP): setup.py scripts/install.sh
 demo: setup
 	$(BIN)/acl-fairseq-demo
 
+# two pytest workers (pytest-xdist); --dist loadfile keeps a file's tests, and the models its
+# fixtures train once, on one worker
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
+
 test: setup
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

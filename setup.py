@@ -17,7 +17,7 @@ setup(
     # pull torchaudio and a second torch.
     install_requires=["torch>=2.5", "numpy>=2", "sentencepiece", "tokenizers"],
     extras_require={
-        "test": ["pytest", "ruff", "transformers", "safetensors", "matplotlib"],
+        "test": ["pytest", "pytest-xdist", "ruff", "transformers", "safetensors", "matplotlib"],
         # benchmarks/inference_anchors.py's ONNX Runtime int8 row (none of them pulls a torch)
         "bench": ["transformers", "onnxruntime", "onnx", "onnxscript"],
     },

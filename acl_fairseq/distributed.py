@@ -13,6 +13,12 @@
   checkpoint to restore or resume on worker 0 and broadcasts it pickled; under torch >= 2.6
   the other workers' ``torch.load`` refuses it (weights-only). Installed when the plugin is
   imported, the receivers unpickle what worker 0 of the same job sent.
+* :func:`install_teardown`: fairseq's data-loading daemon thread (``BackgroundConsumer``),
+  caught inside a torch operator when the interpreter shuts down, aborts the process
+  ("terminate called without an active exception", now and then after a run that
+  succeeded); and ``distributed_main`` returns with the process group alive. Installed when
+  the plugin is imported, :func:`teardown` stops those threads and destroys the group when a
+  worker's command returns (the threads again at exit).
 * :func:`call_through_wrappers`: DDP reduces the gradients of a backward pass only when the
   forward went through ``DistributedDataParallel.forward`` (which prepares its reducer).
   A model method other than ``forward`` reached through fairseq's ``ModuleProxyWrapper``
@@ -40,7 +46,12 @@ per update, after the last micro-batch):
 Either way the trainer then multiplies by ``world_size / sample_size``.
 """
 
+import atexit
+import gc
 import io
+import queue
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +73,9 @@ __all__ = [
     "install",
     "install_checkpoint_broadcast",
     "install_cpu_ddp",
+    "install_teardown",
+    "stop_data_threads",
+    "teardown",
     "unwrap_model",
 ]
 
@@ -119,10 +133,66 @@ def install_checkpoint_broadcast() -> None:
     utils._broadcast_object_slow = _broadcast_object_slow
 
 
+def stop_data_threads(timeout: float = 30.0) -> None:
+    """Ends fairseq's data-loading threads (``BackgroundConsumer``) that are still alive: each
+    stops after the batch it is making, while this drains its queue (bounded: at most two
+    more items; a thread stuck in its source is left after ``timeout`` seconds). Afterwards no
+    thread is inside a torch operator when the interpreter exits."""
+    from fairseq.data.iterators import BackgroundConsumer
+
+    for thread in threading.enumerate():
+        if not isinstance(thread, BackgroundConsumer) or not thread.is_alive():
+            continue
+        thread._max_len = 0  # its loop breaks after the next put, then puts its sentinel
+        deadline = time.monotonic() + timeout
+        while thread.is_alive() and time.monotonic() < deadline:  # not forever at exit
+            try:
+                thread._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+
+
+def teardown() -> None:
+    """:func:`stop_data_threads`, then destroys the default process group, if any, after
+    freeing what still holds it (the trainer's DDP wrapper in reference cycles), so gloo's and
+    the TCP store's threads stop while the interpreter is whole."""
+    stop_data_threads()
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return
+    gc.collect()
+    torch.distributed.destroy_process_group()
+
+
+def _distributed_main(i: int, main: Any, cfg: Any, kwargs: dict) -> None:
+    """fairseq's ``distributed_utils.distributed_main`` (which ends with a barrier), then
+    :func:`teardown`. A module-level function: ``torch.multiprocessing.spawn`` pickles it by
+    name, and the spawned worker's import of the plugin installs it there too."""
+    from fairseq.distributed import utils
+
+    fairseq_main = getattr(utils.distributed_main, "__wrapped__", utils.distributed_main)
+    fairseq_main(i, main, cfg, kwargs)
+    teardown()
+
+
+def install_teardown() -> None:
+    """Makes every fairseq worker (``call_main``: fairseq-train, -validate, -hydra-train,
+    spawned or not) run :func:`teardown` when its command returns, and every process that
+    imported the plugin run :func:`stop_data_threads` at exit (idempotent)."""
+    from fairseq.distributed import utils
+
+    if utils.distributed_main is not _distributed_main:
+        _distributed_main.__wrapped__ = utils.distributed_main  # type: ignore[attr-defined]
+        utils.distributed_main = _distributed_main
+    atexit.unregister(stop_data_threads)
+    atexit.register(stop_data_threads)
+
+
 def install() -> None:
-    """:func:`install_cpu_ddp` and :func:`install_checkpoint_broadcast` (at plugin import)."""
+    """:func:`install_cpu_ddp`, :func:`install_checkpoint_broadcast` and
+    :func:`install_teardown` (at plugin import)."""
     install_cpu_ddp()
     install_checkpoint_broadcast()
+    install_teardown()
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -19,19 +19,24 @@ workers, so there the two backends must agree with each other (one worker with
 ``--update-freq 2`` decides per single batch, by design not the same).
 """
 
+import os
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from acl_fairseq.acl_grad import read_angle_log
 from acl_fairseq.distributed import (
+    _distributed_main,
     call_through_wrappers,
     check_unused_parameters,
     find_ddp,
+    stop_data_threads,
     unwrap_model,
 )
 
@@ -403,3 +408,74 @@ def test_cpu_ddp_shim_and_the_static_graph_refusal_in_one_process():
         "static graph: ACL-Grad cannot train a DistributedDataParallel model built with "
         "static_graph=True" in lines
     )
+
+
+# ------------------------------------------------------------------- teardown at exit
+DAEMON_IN_TORCH_AT_EXIT = """
+import sys, torch
+from fairseq.data.iterators import BufferedIterator
+if sys.argv[1] == "plugin":
+    import acl_fairseq  # noqa: F401
+
+class Batches:  # a collater busy inside torch operators, as with a big batch
+    def __len__(self):
+        return 10**6
+
+    def __iter__(self):
+        while True:
+            x = torch.randn(64, 64)
+            for _ in range(50):
+                x = torch.tanh(x @ x)
+            yield x
+
+itr = BufferedIterator(1000, Batches())
+next(itr)
+print("took a batch")
+"""
+
+
+@pytest.mark.parametrize("plugin", [False, True])
+def test_fairseqs_data_thread_inside_torch_at_exit_aborts_unless_the_plugin_stops_it(plugin):
+    """fairseq's data-loading daemon thread, caught inside a torch operator when the
+    interpreter exits, aborts the process ("terminate called without an active exception"):
+    the abort a 2-worker launch showed now and then. The plugin stops the thread first."""
+    proc = subprocess.run(
+        [sys.executable, "-c", DAEMON_IN_TORCH_AT_EXIT, "plugin" if plugin else "stock"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert "took a batch" in proc.stdout
+    if plugin:
+        assert proc.returncode == 0 and "terminate called" not in proc.stderr, proc.stderr
+    else:  # the cause, shown without the plugin
+        assert proc.returncode != 0 and "terminate called" in proc.stderr
+
+
+def test_stop_data_threads_ends_a_consumer_blocked_on_a_full_queue():
+    from fairseq.data.iterators import BackgroundConsumer, BufferedIterator
+
+    itr = BufferedIterator(2, list(range(100)))
+    assert next(itr) == 0
+    (thread,) = [t for t in threading.enumerate() if isinstance(t, BackgroundConsumer)]
+    stop_data_threads()
+    assert not thread.is_alive()
+
+
+def test_workers_destroy_their_process_group_when_the_command_returns(monkeypatch):
+    """fairseq's ``distributed_main`` returns with the group alive; the plugin's destroys it
+    (after stopping the data threads), also when spawned (a module-level function)."""
+    from fairseq.distributed import utils
+
+    seen = []
+
+    def fairseq_distributed_main(i, main, cfg, kwargs):  # stands for fairseq's
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        main(cfg, **kwargs)
+
+    assert utils.distributed_main is _distributed_main
+    monkeypatch.setattr(_distributed_main, "__wrapped__", fairseq_distributed_main)
+    utils.distributed_main(0, lambda cfg: seen.append(dist.is_initialized()), None, {})
+    assert seen == [True] and not dist.is_initialized()
+    assert _distributed_main.__module__ == "acl_fairseq.distributed"
