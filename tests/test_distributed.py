@@ -63,6 +63,9 @@ CASES = {
 }
 PER_MICRO_BATCH = ("head", "top:1")  # the scopes that decide per micro-batch
 LOGGED = ("loss", "ce_loss", "contrastive_loss", "accuracy", "acl_grad_angle", "acl_grad_drop")
+# acl_grad_angle is logged to one decimal (a 5e-3 difference can flip the last digit); the
+# unrounded angles are compared through the angle logs below.
+LOGGED_TOLERANCE = {"acl_grad_angle": 0.1 + 1e-6}
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,8 @@ def assert_same_training(a: Trained, b: Trained, angles: bool = True) -> None:
         assert x.keys() == y.keys()
         for key in LOGGED:
             if key in x:
-                assert float(y[key]) == pytest.approx(float(x[key]), abs=2e-3), key
+                tolerance = LOGGED_TOLERANCE.get(key, 2e-3)
+                assert float(y[key]) == pytest.approx(float(x[key]), abs=tolerance), key
 
     acl_grad = a.run.case != "ce_scl"
     logs = sorted(p.name for p in b.save_dir.glob("angles.*.tsv"))
