@@ -34,16 +34,47 @@ def sentiment_data(tmp_path_factory):
     return folder / "bin"
 
 
-# the files with the most tests that train through fairseq run first: with pytest-xdist's
-# --dist loadfile, the long files then do not start last on one worker while the other waits
-def pytest_collection_modifyitems(items):
-    """Runs files in the order of their number of slow tests (most first), each file's tests in
-    their own order."""
+# the longest files run first (their order from `pytest --durations`, one process): with
+# pytest-xdist's --dist loadfile each file runs on one worker, and a long file that starts last
+# keeps one worker busy while the other waits; the other files follow by their number of slow
+# tests. A stale list only costs time.
+LONGEST_FIRST = (
+    "studies/tests/test_study.py",
+    "tests/test_readme.py",
+    "tests/test_distributed.py",
+    "tests/test_gpu_check.py",
+    "tests/test_precision.py",
+    "tests/test_crash_safety.py",
+    "tests/test_fewshot_tool.py",
+    "tests/test_plots.py",
+    "tests/test_e2e_single_exit.py",
+    "tests/test_save_dir_safety.py",
+    "tests/test_recipes_run.py",
+    "tests/test_demo.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Runs the files of ``LONGEST_FIRST`` first, in that order, then the others by their
+    number of slow tests (most first); each file's tests in their own order."""
+    root = config.rootpath
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
     first = {}
     for index, item in enumerate(items):
         first.setdefault(item.path, index)
-    items.sort(key=lambda item: (-slow[item.path], first[item.path]))
+
+    def order(item) -> tuple:
+        name = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        return (rank.get(name, len(rank)), -slow[item.path], first[item.path])
+
+    items.sort(key=order)
+
+
+def pytest_configure(config):
+    """One torch thread per pytest-xdist worker: two workers share the two cores."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
