@@ -162,10 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.03,
         metavar="C",
-        help="an exit head's time in layers (MiniLM-L6, one thread, ~20 tokens: 0.13 at batch "
-        "1 in fp32, 0.2-0.36 in bf16 / int8; much less at batch 32; benchmarks/"
-        "exit_cost_batch1.py measures yours): per-exit kinds skip the exits that do not pay "
-        "for their head",
+        help="an exit head's time in layers (larger at batch 1 and in bf16 / int8 than at "
+        "batch 32; benchmarks/exit_cost_batch1.py measures yours): per-exit kinds skip the "
+        "exits that do not pay for their head",
     )
     parser.add_argument(
         "--batch-sizes", type=int_list, default=[1, 32], help="comma-separated batch sizes"
