@@ -39,7 +39,7 @@ from acl_fairseq.cli.predict.inputs import (
 )
 from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
-from acl_fairseq.inference.loader import CheckpointError, Loaded, load_for_inference
+from acl_fairseq.inference.loader import Loaded, load_for_inference
 from acl_fairseq.inference.precision import PRECISIONS
 from acl_fairseq.inference.saved_policy import POLICY_FILE, policy_path
 from acl_fairseq.models.heads import DEFAULT_HEAD
@@ -195,13 +195,10 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     source = "stdin" if args.input == "-" else args.input
     rows = read_rows(read_input(args.input, stdin), source, columns, args.header)  # early
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
-    try:
-        loaded = load_for_inference(
-            args.checkpoint, args.data, device, dtype=args.dtype, label_order=False,
-            saved_policy=requested in (None, "saved") or args.dtype is None, text="required",
-        )  # fmt: skip
-    except CheckpointError as e:
-        raise PredictError(str(e)) from None
+    loaded = load_for_inference(  # a CheckpointError is printed as this tool's error
+        args.checkpoint, args.data, device, dtype=args.dtype, label_order=False,
+        saved_policy=requested in (None, "saved") or args.dtype is None, text="required",
+    )  # fmt: skip
     model = loaded.model
     for note in loaded.notes:
         stderr.write(f"{PROG}: note: {note}\n")
