@@ -47,6 +47,7 @@ Either way the trainer then multiplies by ``world_size / sample_size``.
 """
 
 import atexit
+import contextlib
 import gc
 import io
 import queue
@@ -165,12 +166,17 @@ def teardown() -> None:
 
 def _distributed_main(i: int, main: Any, cfg: Any, kwargs: dict) -> None:
     """fairseq's ``distributed_utils.distributed_main`` (which ends with a barrier), then
-    :func:`teardown`. A module-level function: ``torch.multiprocessing.spawn`` pickles it by
-    name, and the spawned worker's import of the plugin installs it there too."""
+    :func:`teardown`, also when it raises. A module-level function: ``torch.multiprocessing.spawn``
+    pickles it by name, and the spawned worker's import of the plugin installs it there too."""
     from fairseq.distributed import utils
 
     fairseq_main = getattr(utils.distributed_main, "__wrapped__", utils.distributed_main)
-    fairseq_main(i, main, cfg, kwargs)
+    try:
+        fairseq_main(i, main, cfg, kwargs)
+    except BaseException:  # a worker that stops on an error tears down too, then re-raises
+        with contextlib.suppress(Exception):
+            teardown()
+        raise
     teardown()
 
 
