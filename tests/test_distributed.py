@@ -484,3 +484,21 @@ def test_workers_destroy_their_process_group_when_the_command_returns(monkeypatc
     utils.distributed_main(0, lambda cfg: seen.append(dist.is_initialized()), None, {})
     assert seen == [True] and not dist.is_initialized()
     assert _distributed_main.__module__ == "acl_fairseq.distributed"
+
+
+def test_a_worker_that_stops_on_an_error_destroys_its_process_group_too(monkeypatch):
+    """A worker whose command raises (e.g. another run holds --save-dir) tears down as well,
+    then the error goes on unchanged: no gloo thread is left alive at exit to abort it."""
+    from fairseq.distributed import utils
+
+    def fairseq_distributed_main(i, main, cfg, kwargs):  # stands for fairseq's
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        main(cfg, **kwargs)
+
+    def failing_main(cfg):
+        raise RuntimeError("--save-dir is in use")
+
+    monkeypatch.setattr(_distributed_main, "__wrapped__", fairseq_distributed_main)
+    with pytest.raises(RuntimeError, match="--save-dir is in use"):
+        utils.distributed_main(0, failing_main, None, {})
+    assert not dist.is_initialized()
