@@ -56,8 +56,7 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(config, items):
     """Runs the files of ``LONGEST_FIRST`` first, in that order, then the others by their
-    number of slow tests (most first); in each file its slow tests first, so that a worker
-    near the end of a file (when xdist gives it the next file) has only fast tests left."""
+    number of slow tests (most first); each file's tests in their own order."""
     root = config.rootpath
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
@@ -67,8 +66,7 @@ def pytest_collection_modifyitems(config, items):
 
     def order(item) -> tuple:
         name = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
-        is_fast = item.get_closest_marker("slow") is None
-        return (rank.get(name, len(rank)), -slow[item.path], first[item.path], is_fast)
+        return (rank.get(name, len(rank)), -slow[item.path], first[item.path])
 
     items.sort(key=order)
 
