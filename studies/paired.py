@@ -201,8 +201,9 @@ def _row(c: Comparison) -> dict[str, Any]:
     return row
 
 
-def paired_rows(records: list[dict]) -> list[list[Any]]:
-    """The rows of ``paired.csv`` (columns ``PAIRED_COLUMNS``)."""
+def paired_rows(records: list[dict], corrected: list[dict] = ()) -> list[list[Any]]:
+    """The rows of ``paired.csv`` (columns ``PAIRED_COLUMNS``), then ``corrected``: rows whose
+    Holm values and verdicts were computed elsewhere (the few-shot command's)."""
     rows = [_row(c) for c in comparisons(records)]
     rows = [r for r in rows if r["seeds"]]
     for family in dict.fromkeys(r["family"] for r in rows):
@@ -214,7 +215,7 @@ def paired_rows(records: list[dict]) -> list[list[Any]]:
     for r in rows:  # the tests each row has (a first-round row has no McNemar)
         tests = [r[k] for k in ("paired_t_holm", "mcnemar_holm") if not math.isnan(r[k])]
         r["verdict"] = verdict(r["mean_difference"], tests)
-    return [[_cell(r[c]) for c in PAIRED_COLUMNS] for r in rows]
+    return [[_cell(r[c]) for c in PAIRED_COLUMNS] for r in [*rows, *corrected]]
 
 
 def _cell(value: Any) -> Any:

@@ -6,9 +6,11 @@ Reads every finished run under ``WORK/runs`` and writes to ``--out`` (default do
                   updates trained and of the best checkpoint, updates ACL-Grad dropped, dev
                   and test accuracy (per exit)
   summary.csv     study,method,variant,n_train,seeds,updates_per_stage,split,metric,mean,std
-                  (the main comparison per method; the grids as variants with one seed)
+                  (the main comparison per method; the grids as variants with one seed;
+                  the runs of acl-fairseq-fewshot kept in OUT/fewshot-tool/, per draw)
   paired.csv      per study and method: test accuracy minus CE's (ACL-CL minus joint CE per
-                  exit), per seed, mean, std and a paired t-test over seeds
+                  exit), per seed, mean, std and a paired t-test over seeds (and the
+                  comparisons of each OUT/fewshot-tool/NAME/fewshot.json)
   angles.csv      the CE/contrastive gradient angle over training by thirds (early, middle,
                   late): mean, share above 60/75/90 degrees, updates ACL-Grad dropped
   lambda_sensitivity.csv
@@ -48,6 +50,7 @@ from acl_fairseq.acl_grad import AngleRecord, read_angle_log, scope_agreement
 from acl_fairseq.experiment.mean_std import summarize
 from acl_fairseq.experiment.predictions import PREDICTIONS_FILE
 from studies.data import REPO
+from studies.fewshot_tool import tool_paired_rows, tool_summary_rows
 from studies.figures import figures, grid_and_exit_figures
 from studies.paired import PAIRED_COLUMNS, fewshot_draws, paired_rows
 from studies.records import (
@@ -283,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     records = collect(work, committed_n_train(out))
     if not records:
         raise SystemExit(f"no finished run under {work / 'runs'}")
-    summary = summary_rows(records)
+    summary = summary_rows(records) + tool_summary_rows(out)
     lost = fewer_seeds(read_csv(out / "summary.csv"), summary)
     if lost and not args.allow_fewer:
         raise SystemExit(
@@ -295,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     columns = RUNS_COLUMNS + metrics
     write_csv(out / "runs.csv", columns, [[r.get(c, "") for c in columns] for r in records])
     write_csv(out / "summary.csv", SUMMARY_COLUMNS, summary)
-    write_csv(out / "paired.csv", PAIRED_COLUMNS, paired_rows(records))
+    write_csv(out / "paired.csv", PAIRED_COLUMNS, paired_rows(records, tool_paired_rows(out)))
     sensitivity = lambda_sensitivity_rows(records)
     if sensitivity:
         write_csv(out / "lambda_sensitivity.csv", SENSITIVITY_COLUMNS, sensitivity)

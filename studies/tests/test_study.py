@@ -462,3 +462,44 @@ def test_a_run_s_checkout_is_its_plugin_s_folder():
     assert study_records.checkout_of(cmd) == "/b"  # the plugin's checkout, not the venv's
     assert study_records.checkout_of(cmd[:2]) == "/a"
     assert study_records.checkout_of(["fairseq-train", "DATA"]) is None
+
+
+def test_the_fewshot_commands_results_become_rows_of_summary_and_paired(tmp_path):
+    """A folder kept under fewshot-tool/: its draws' mean and sample std per method and split,
+    and its comparisons with the command's own p-values, Holm values and verdict."""
+    from studies.fewshot_tool import tool_paired_rows, tool_summary_rows
+
+    folder = tmp_path / "fewshot-tool" / "pairs-k4"
+    run = folder / "runs" / "k4-d1" / "lr0.0001" / "runs" / "ce-seed1"
+    run.mkdir(parents=True)
+    (run / "command.txt").write_text("fairseq-train bin --num-classes 3 --max-update 60 --cpu")
+    tests = {"ce": [40.0, 43.0, 41.5], "acl": [42.0, 42.5, 45.0]}
+    draws = [{"per_class": 4, "draw": d + 1, "method": m, "lr": 1e-4, "dev": 50.0 + d, "test": t}
+             for m, values in tests.items() for d, t in enumerate(values)]  # fmt: skip
+    comparison = {
+        "per_class": 4, "method": "acl", "baseline": "ce", "draws": [1, 2, 3],
+        "per_draw_difference": [2.0, -0.5, 3.5], "mean_difference": 5 / 3, "std": 2.02,
+        "paired_t_p": 0.3, "example_draws": 3, "ours_only": 30, "theirs_only": 20,
+        "mcnemar_p": 0.2, "bootstrap_low": -0.123, "bootstrap_high": 3.456, "bootstrap_p": 0.2,
+        "paired_t_holm": 0.6, "mcnemar_holm": 0.4, "verdict": "no difference",
+    }  # fmt: skip
+    result = {"test_size": 100, "draws": draws, "comparisons": [comparison], "warnings": []}
+    (folder / "fewshot.json").write_text(json.dumps(result))
+
+    rows = {(r[1], r[6]): r for r in tool_summary_rows(tmp_path)}
+    assert set(rows) == {(m, s) for m in tests for s in ("dev", "test")}
+    acl = rows[("acl", "test")]
+    assert acl[:8] == ["fewshot-tool/pairs-k4", "acl", "k=4 per class; lr chosen on a dev of 12",
+                       12, 3, "60", "test", "accuracy"]  # fmt: skip
+    assert acl[8] == pytest.approx(statistics.mean(tests["acl"]), abs=1e-3)
+    assert acl[9] == pytest.approx(statistics.stdev(tests["acl"]), abs=1e-3)
+    assert rows[("ce", "dev")][8] == pytest.approx(51.0)
+
+    (row,) = tool_paired_rows(tmp_path)
+    cells = dict(zip(study_paired.PAIRED_COLUMNS, study_paired.paired_rows([], [row])[0]))
+    assert cells["family"] == "fewshot-tool/pairs-k4" and cells["study"].endswith(" k4")
+    assert cells["per_seed_difference"] == "+2.00 -0.50 +3.50" and cells["seeds"] == 3
+    assert (cells["mean_difference"], cells["bootstrap_low"], cells["bootstrap_high"]) == (
+        1.667, -0.12, 3.46)  # fmt: skip
+    assert (cells["paired_t_holm"], cells["mcnemar_holm"], cells["verdict"]) == (
+        0.6, 0.4, "no difference")  # fmt: skip
