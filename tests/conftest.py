@@ -7,6 +7,7 @@ import torch
 from fairseq import tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from filelock import FileLock
+from fork_server import serve_tools
 
 from fairseq_helpers import make_dataset
 from tiny_models import sharpen, tiny_args, write_tiny_data
@@ -98,3 +99,10 @@ def tiny_built(tiny_task):
     model = task.build_model(cfg.model)
     sharpen(model)
     return model.eval(), task, cfg
+
+
+@pytest.fixture(autouse=True)
+def _served_tool_commands(monkeypatch):
+    """The tools' fairseq-train / fairseq-validate commands forked from one process that has
+    imported fairseq (tests/fork_server.py)."""
+    serve_tools(monkeypatch)

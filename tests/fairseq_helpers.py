@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fork_server import ForkServer
+
 from acl_fairseq.experiment import recipe
 from acl_fairseq.experiment.fairseq_log import json_records  # noqa: F401  (used by the tests)
 
@@ -161,16 +163,25 @@ def make_dataset_with_test(root: Path, sizes: tuple[int, int, int] = (64, 32, 32
     return dest
 
 
-def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
-    """Runs a command; on failure raises with the tail of its output."""
+def command_env(env: dict | None = None) -> dict:
+    """The environment of a command run by the tests: one OpenMP thread, weights-only loads."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     full_env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=str(REPO)
-    )
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise AssertionError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{out[-6000:]}")
+    return full_env
+
+
+def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
+    """Runs a command; on failure raises with the tail of its output."""
+    if env is None and ForkServer.serves(cmd):  # (not where a test sets variables of its own:
+        returncode, out = ForkServer.run(cmd, command_env(), REPO, timeout)  # see fork_server)
+    else:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=command_env(env), timeout=timeout,
+            cwd=str(REPO),
+        )  # fmt: skip
+        returncode, out = proc.returncode, proc.stdout + proc.stderr
+    if returncode != 0:
+        raise AssertionError(f"command failed ({returncode}): {' '.join(cmd)}\n{out[-6000:]}")
     return out
 
 
