@@ -26,10 +26,10 @@ def tool_results(out: Path) -> list[tuple[str, dict]]:
 
 def _command_flag(folder: Path, flag: str) -> str:
     """``flag``'s value in the first run's ``command.txt`` under ``folder`` ("" without one)."""
-    for command in sorted(folder.glob("runs/*/*/runs/*/command.txt")):
-        found = re.search(rf"{re.escape(flag)} (\S+)", command.read_text(encoding="utf-8"))
-        return found.group(1) if found else ""
-    return ""
+    command = min(folder.glob("runs/*/*/runs/*/command.txt"), default=None)
+    text = command.read_text(encoding="utf-8") if command else ""
+    found = re.search(rf"{re.escape(flag)} (\S+)", text)
+    return found.group(1) if found else ""
 
 
 def tool_summary_rows(out: Path) -> list[list[Any]]:

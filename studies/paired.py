@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from acl_fairseq.experiment import fewshot
@@ -201,7 +201,7 @@ def _row(c: Comparison) -> dict[str, Any]:
     return row
 
 
-def paired_rows(records: list[dict], corrected: list[dict] = ()) -> list[list[Any]]:
+def paired_rows(records: list[dict], corrected: Sequence[dict] = ()) -> list[list[Any]]:
     """The rows of ``paired.csv`` (columns ``PAIRED_COLUMNS``), then ``corrected``: rows whose
     Holm values and verdicts were computed elsewhere (the few-shot command's)."""
     rows = [_row(c) for c in comparisons(records)]

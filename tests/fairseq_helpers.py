@@ -172,8 +172,9 @@ def command_env(env: dict | None = None) -> dict:
 
 def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
     """Runs a command; on failure raises with the tail of its output."""
-    if env is None and ForkServer.serves(cmd):  # (not where a test sets variables of its own:
-        returncode, out = ForkServer.run(cmd, command_env(), REPO, timeout)  # see fork_server)
+    # a test that sets variables of its own gets a fresh process (see fork_server.py)
+    if env is None and ForkServer.serves(cmd):
+        returncode, out = ForkServer.run(cmd, command_env(), REPO, timeout)
     else:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, env=command_env(env), timeout=timeout,

@@ -20,11 +20,11 @@ import atexit
 import json
 import logging
 import os
-import selectors
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ def run_child(argv: list[str], output: str, env: dict[str, str], cwd: str) -> in
 
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     logging.root.level, logging.root.handlers = LOGGING[Path(argv[0]).name]
-    sys.argv = [argv[0], *argv[1:]]
+    sys.argv = list(argv)
     module = importlib.import_module(ENTRY_POINTS[Path(argv[0]).name])
     try:
         module.cli_main()
@@ -138,13 +138,23 @@ class ForkServer:
     def wait(cls, pid: int, timeout: float | None = None) -> int:
         """The exit code of the command started as ``pid``; killed after ``timeout``
         seconds (then ``subprocess.TimeoutExpired``)."""
-        with selectors.DefaultSelector() as sel:
-            sel.register(cls._proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout):
-                os.kill(pid, signal.SIGKILL)
-                cls._proc.stdout.readline()  # its exit code
-                raise subprocess.TimeoutExpired(str(pid), timeout or 0)
-        return json.loads(cls._proc.stdout.readline())["rc"]
+        fired = threading.Event()
+
+        def kill() -> None:
+            fired.set()
+            os.kill(pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, kill) if timeout else None
+        if timer is not None:
+            timer.start()
+        try:
+            code = json.loads(cls._proc.stdout.readline())["rc"]
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if fired.is_set():
+            raise subprocess.TimeoutExpired(str(pid), timeout)
+        return code
 
     @classmethod
     def run(
