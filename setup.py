@@ -17,8 +17,21 @@ setup(
     # pull torchaudio and a second torch.
     install_requires=["torch>=2.5", "numpy>=2", "sentencepiece", "tokenizers"],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "ruff", "transformers", "safetensors", "matplotlib"],
-        # benchmarks/inference_anchors.py's ONNX Runtime int8 row (none of them pulls a torch)
+        # onnxruntime, onnx, onnxscript: the ONNX Runtime backend's tests
+        # (acl_fairseq.inference.onnx_runtime; none of them pulls a torch)
+        "test": [
+            "pytest",
+            "pytest-xdist",
+            "ruff",
+            "transformers",
+            "safetensors",
+            "matplotlib",
+            "onnxruntime",
+            "onnx",
+            "onnxscript",
+        ],
+        # the ONNX Runtime backend (acl-fairseq-predict --backend onnxruntime) and
+        # benchmarks/inference_anchors.py's ONNX Runtime rows
         "bench": ["transformers", "onnxruntime", "onnx", "onnxscript"],
     },
     entry_points={

@@ -10,13 +10,18 @@ On a multi-exit checkpoint and its data folder, at ``--batch-sizes`` (1, 32) and
   against the fairseq model's before anything is timed. The speed-up column is relative to it.
 * **ORT int8**: that model exported with ``torch.onnx.export`` and quantized with ONNX
   Runtime's ``quantize_dynamic`` (int8 weights per channel), run by ``onnxruntime`` with the
-  same thread count. Skipped, with the reason, when it is not installed
-  (``pip install -e .[bench]``: onnxruntime, onnx, onnxscript; none of them pulls a torch).
+  same thread count (the helpers of ``acl_fairseq.inference.onnx_runtime``). Skipped, with the
+  reason, when it is not installed (``pip install -e .[bench]``: onnxruntime, onnx,
+  onnxscript; none of them pulls a torch).
 * **this project** at ``--dtypes fp32,bf16,int8`` (``acl_fairseq.inference.precision``), at
   full depth and with the deployable policies *chosen on* ``--dev`` at that precision
   (``acl_fairseq.inference.deploy.choose``: for each of ``--kinds``, the fastest policy
   within ``--max-accuracy-drop`` read per ``--constraint``, as ``acl-fairseq-sweep``
   deploys it), plus any ``--policies`` given as they are.
+* **this project on ORT int8**: the same early-exit loop on ONNX Runtime int8 segments of the
+  model (``acl_fairseq.inference.onnx_runtime``), full depth and its own policies chosen on
+  ``--dev`` the same way (from its own exits' logits); skipped with ORT int8. The segments are
+  cached in ``--ort-cache`` (default: a temporary folder).
 
 Columns: accuracy, agreement with this project's fp32 full-depth predictions, mean exit layer,
 milliseconds per sentence (median of ``--rounds`` interleaved rounds over the split, after an
@@ -55,12 +60,21 @@ from acl_fairseq.early_exit.thresholds import TargetError, collect_exits
 from acl_fairseq.hf_bert.state import LAYER_MAP
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import load_for_inference
+from acl_fairseq.inference.onnx_runtime import (
+    OnnxRuntimeMissing,
+    OrtEarlyExit,
+    export_onnx,
+    ort_session,
+    quantize_int8,
+    require_onnxruntime,
+)
 from acl_fairseq.inference.precision import check_precision, prepare_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 HEAD = DEFAULT_HEAD
 Run = Callable[[Tensor], tuple[Tensor, Tensor]]  # tokens B x T -> (predictions B, layers B)
 FP32_FULL = ("fp32", "full depth")
+ORT_PROJECT = "this project on ORT int8"
 COLUMNS = ("batch", "threads", "system", "policy", "accuracy", "agreement", "mean_exit_layer",
            "ms", "speedup")  # fmt: skip
 HEADERS = ("batch", "threads", "system", "policy", "accuracy %",
@@ -142,36 +156,20 @@ def hf_runner(anchor: HfAnchor) -> Run:
 def ort_int8(anchor: HfAnchor, sample: Tensor, work: Path) -> tuple[Path | None, str]:
     """``(quantized model path or None, a line saying what happened)``."""
     try:
-        import onnxruntime
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-    except ImportError as e:
-        return None, f"ONNX Runtime int8: skipped, not installed ({e}; pip install -e .[bench])"
+        onnxruntime = require_onnxruntime()
+    except OnnxRuntimeMissing as e:
+        return None, f"ONNX Runtime int8: skipped, not installed ({e})"
     fp32, int8 = work / "model.onnx", work / "model.int8.onnx"
     mask = sample.ne(anchor.pad).long()
     axes = {"input_ids": {0: "batch", 1: "tokens"}, "attention_mask": {0: "batch", 1: "tokens"}}
-    with torch.no_grad():
-        torch.onnx.export(
-            anchor,
-            (sample, mask),
-            str(fp32),
-            input_names=["input_ids", "attention_mask"],
-            output_names=["logits"],
-            dynamic_axes={**axes, "logits": {0: "batch"}},
-            opset_version=17,
-            dynamo=False,
-        )
-    anchor.eval()  # the exporter restores the module's mode: keep it in eval mode
-    quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True)
+    names = ["input_ids", "attention_mask"]
+    export_onnx(anchor, (sample, mask), fp32, names, ["logits"], {**axes, "logits": {0: "batch"}})
+    quantize_int8(fp32, int8)
     return int8, f"ONNX Runtime {onnxruntime.__version__}, int8 dynamic quantization (per channel)"
 
 
 def ort_runner(path: Path, threads: int, pad: int, num_layers: int) -> Run:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = ort_session(path, threads)
 
     def run(tokens: Tensor) -> tuple[Tensor, Tensor]:
         feeds = {"input_ids": tokens.numpy(), "attention_mask": tokens.ne(pad).long().numpy()}
@@ -186,7 +184,7 @@ def ort_runner(path: Path, threads: int, pad: int, num_layers: int) -> Run:
 
 def project_runner(model: Any, policy: ExitPolicy | None) -> Run:
     """Full depth (``policy=None``) or the early-exit loop (a per-exit policy evaluates only
-    its own exits)."""
+    its own exits); ``model``: the fairseq model or an ``OrtEarlyExit`` (the same calls)."""
     depth = int(model.num_layers)
     if policy is None:
 
@@ -210,8 +208,8 @@ def deployable(
     target: deploy.DeployTarget,
     dev: str,
 ) -> tuple[dict[str, list[tuple[str, ExitPolicy]]], list[str]]:
-    """Per precision, ``[(label, policy chosen on dev)]`` for each kind, and notes (the
-    choices, and the targets a kind cannot meet)."""
+    """Per system (a precision, or ``ORT_PROJECT``), ``[(label, policy chosen on dev)]`` for
+    each kind, and notes (the choices, and the targets a kind cannot meet)."""
     chosen: dict[str, list[tuple[str, ExitPolicy]]] = {}
     notes = []
     for dtype, model in models.items():
@@ -344,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-examples", type=int, help="first N sentences of each split")
     p.add_argument("--hf-attention", default="sdpa", choices=("sdpa", "eager"))
     p.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
+    p.add_argument(
+        "--ort-cache", type=Path, help="folder of this project's ONNX segments (default: temporary)"
+    )
     p.add_argument("--out", type=Path, help="write the table: Markdown, or CSV for *.csv")
     return p
 
@@ -367,7 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         target.check()
     except ValueError as e:
         p.error(str(e))
-    loaded = load_for_inference(args.checkpoint, args.data, "cpu", multi_exit=True)
+    loaded = load_for_inference(
+        args.checkpoint, args.data, "cpu", multi_exit=True, fingerprint=not args.no_ort
+    )
     model, task = loaded.model, loaded.task
     pad = task.source_dictionary.pad()
     anchor = HfAnchor(model, args.hf_attention)
@@ -377,38 +380,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         diff = float((anchor(check, check.ne(pad).long()) - expected).abs().max())
     if diff > 1e-3:
         raise SystemExit(f"HF anchor and fairseq model disagree (max |logit diff| {diff:.2e})")
-    models = {d: prepare_for_inference(copy.deepcopy(model), d) for d in dtypes}
+    systems: dict[str, Any] = {d: prepare_for_inference(copy.deepcopy(model), d) for d in dtypes}
     dev_batches = load_batches(task, args.dev, 32, args.max_examples)
-    chosen, notes = deployable(models, dev_batches, kinds, target, args.dev)
     import transformers
 
-    preamble = [
-        f"# inference anchors: {Path(args.checkpoint).name}, measured on {args.test}, policies "
-        f"chosen on {args.dev} (--max-accuracy-drop {args.max_accuracy_drop:g}, --constraint "
-        f"{args.constraint})",
-        "",
-        f"torch {torch.__version__}, transformers {transformers.__version__}; CPU "
-        f"{os.cpu_count()} cores; HF anchor: BertModel ({args.hf_attention}) with the "
-        f"checkpoint's weights and final head, max |logit - fairseq| = {diff:.1e}",
-        *[f"- {n}" for n in notes],
-    ]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        ort_path = None
+        ort_path, ort_notes = None, []
         if not args.no_ort:
             ort_path, note = ort_int8(anchor, check, Path(tmp))
-            preamble.append(note)
+            ort_notes.append(note)
+        ort_cache = args.ort_cache or Path(tmp)
+        if ort_path is not None:  # this project's loop on ORT int8 segments of the fp32 model
+            on_ort = OrtEarlyExit(model, HEAD, ort_cache, "int8", None, loaded.fingerprint)
+            systems[ORT_PROJECT] = on_ort
+            ort_notes.append(f"{ORT_PROJECT}: segments in {on_ort.folder}")
+        chosen, notes = deployable(systems, dev_batches, kinds, target, args.dev)
+        preamble = [
+            f"# inference anchors: {Path(args.checkpoint).name}, measured on {args.test}, "
+            f"policies chosen on {args.dev} (--max-accuracy-drop {args.max_accuracy_drop:g}, "
+            f"--constraint {args.constraint})",
+            "",
+            f"torch {torch.__version__}, transformers {transformers.__version__}; CPU "
+            f"{os.cpu_count()} cores; HF anchor: BertModel ({args.hf_attention}) with the "
+            f"checkpoint's weights and final head, max |logit - fairseq| = {diff:.1e}",
+            *[f"- {n}" for n in notes],
+            *ort_notes,
+        ]
         for threads in _ints(args.threads):
             torch.set_num_threads(threads)
             configs = [Config(f"HF fp32 ({args.hf_attention})", "full depth", hf_runner(anchor))]
             if ort_path is not None:
                 ort = ort_runner(ort_path, threads, pad, model.num_layers)
                 configs.append(Config("ORT int8", "full depth", ort))
-            for d in dtypes:
-                configs.append(Config(d, "full depth", project_runner(models[d], None)))
-                for label, policy in chosen[d] + extra:
+                systems[ORT_PROJECT] = OrtEarlyExit(  # its sessions at this thread count
+                    model, HEAD, ort_cache, "int8", threads, loaded.fingerprint
+                )
+            for name, system in systems.items():
+                configs.append(Config(name, "full depth", project_runner(system, None)))
+                for label, policy in chosen[name] + extra:
                     configs.append(
-                        Config(d, f"{label}: `{policy.spec}`", project_runner(models[d], policy))
+                        Config(name, f"{label}: `{policy.spec}`", project_runner(system, policy))
                     )
             for size in _ints(args.batch_sizes):
                 batches = batches_of(task, args.test, size, args.max_examples, pad)

@@ -100,8 +100,8 @@ def test_policies_chosen_on_dev_meet_the_target_there(tmp_path):
 @pytest.mark.slow
 def test_runs_end_to_end_on_a_checkpoint(sentiment_data, tmp_path, capsys):
     """The benchmark on a trained multi-exit checkpoint and its data folder: HF fp32 anchor,
-    this project at two precisions, full depth and the policies chosen on dev, both batch
-    sizes; the table as CSV (no ONNX Runtime, one timed round)."""
+    ONNX Runtime int8, this project at two precisions and on ORT int8 segments, full depth and
+    the policies chosen on dev, both batch sizes; the table as CSV (one timed round)."""
     from fairseq_helpers import TINY_MULTI_EXIT, fairseq_train, train_args
 
     fairseq_train(
@@ -114,7 +114,8 @@ def test_runs_end_to_end_on_a_checkpoint(sentiment_data, tmp_path, capsys):
     assert anchors.main([
         str(ckpt), str(sentiment_data), "--dev", "valid", "--test", "valid",
         "--max-examples", "24", "--rounds", "1", "--batch-sizes", "1,8", "--threads", "1",
-        "--dtypes", "fp32,int8", "--max-accuracy-drop", "100", "--no-ort", "--out", str(out),
+        "--dtypes", "fp32,int8", "--max-accuracy-drop", "100", "--out", str(out),
+        "--ort-cache", str(tmp_path / "onnx"),
     ]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "measured on valid, policies chosen on valid (--max-accuracy-drop 100" in printed
@@ -126,9 +127,16 @@ def test_runs_end_to_end_on_a_checkpoint(sentiment_data, tmp_path, capsys):
         assert (batch, "fp32", "full depth") in systems and (batch, "int8", "full depth") in systems
         assert (batch, "fp32", "entropy chosen on valid") in systems
         assert (batch, "int8", "per_exit_entropy chosen on valid") in systems
+        assert (batch, "ORT int8", "full depth") in systems
+        assert (batch, anchors.ORT_PROJECT, "full depth") in systems
+        assert (batch, anchors.ORT_PROJECT, "entropy chosen on valid") in systems
+        assert (batch, anchors.ORT_PROJECT, "per_exit_entropy chosen on valid") in systems
     hf = next(r for r in rows if r["system"].startswith("HF") and r["batch"] == "8")
     fp32 = next(r for r in rows if r["system"] == "fp32" and r["batch"] == "8")
     assert hf["accuracy"] == fp32["accuracy"]  # the same weights
+    ort = next(r for r in rows if r["system"] == anchors.ORT_PROJECT and r["batch"] == "8")
+    assert float(ort["agreement"]) >= 90.0  # int8 segments of the same weights
+    assert any((tmp_path / "onnx").rglob("layers1-1.int8.onnx"))  # the exits' segments
     chosen = [r for r in rows if "chosen on valid" in r["policy"]]
     assert all(float(r["mean_exit_layer"]) == 1.0 for r in chosen)  # the 100-point target
     assert all(float(r["ms"]) > 0 and float(r["speedup"]) > 0 for r in rows)

@@ -445,3 +445,62 @@ def test_sweep_learned_policy_that_predict_and_hub_run(trained, tmp_path, capsys
     tokens = hub.encode(trained["rows"][0][0])
     first = by_default.splitlines()[0].split("\t")[2]
     assert hub.predict_early_exit(DEFAULT_HEAD, tokens).exit_layers.tolist() == [int(first)]
+
+
+def test_onnxruntime_backend_equals_the_fairseq_backend(trained, tmp_path, monkeypatch) -> None:
+    """--backend onnxruntime: the fairseq backend's labels and exits at fp32, its probabilities
+    to float32's rounding; int8 runs; the segments are exported once into --onnx-cache
+    (default: onnx_runtime/ next to the checkpoint); bf16 and a missing onnxruntime refused."""
+    import sys
+
+    from acl_fairseq.early_exit.policies import parse_policy
+    from acl_fairseq.inference.onnx_runtime import INSTALL
+    from acl_fairseq.inference.saved_policy import write_policy
+
+    text = "".join(f"{row[0]}\n" for row in trained["rows"])
+    cache = tmp_path / "onnx"
+    ort = ["--backend", "onnxruntime", "--onnx-cache", cache, "--batch-size", "5"]
+    layers = set()
+    for policy in ("none", "entropy:0.68", "patience:1"):
+        code, want, err = run_predict(trained["ckpt"], "--batch-size", "5", "--policy", policy,
+                                      stdin=text)  # fmt: skip
+        assert code == 0, err
+        code, got, err = run_predict(trained["ckpt"], *ort, "--policy", policy, stdin=text)
+        assert code == 0, err
+        assert "backend: onnxruntime, segments in" in err and "dtype: fp32" in err
+        want_rows = [line.split("\t") for line in want.splitlines()]
+        got_rows = [line.split("\t") for line in got.splitlines()]
+        assert [(r[0], r[2]) for r in got_rows] == [(r[0], r[2]) for r in want_rows], policy
+        assert all(abs(float(a[1]) - float(b[1])) <= 2e-4 for a, b in zip(got_rows, want_rows))
+        layers |= {r[2] for r in got_rows}
+    assert layers == {"3", "4"}, layers  # patience:1 left early (row by row: test_onnx_runtime)
+    exported = {p: p.stat().st_mtime_ns for p in cache.rglob("*.onnx")}
+    assert exported
+    code, again, err = run_predict(trained["ckpt"], *ort, "--policy", "patience:1", stdin=text)
+    assert code == 0 and again == got
+    assert {p: p.stat().st_mtime_ns for p in cache.rglob("*.onnx")} == exported  # cached
+    code, int8, err = run_predict(trained["ckpt"], *ort, "--dtype", "int8", stdin=text)
+    assert code == 0 and "dtype: int8" in err, err
+    assert len(int8.splitlines()) == len(trained["rows"])
+    assert any(p.name.endswith(".int8.onnx") for p in cache.rglob("*.onnx"))
+
+    ckpt = tmp_path / "model" / trained["ckpt"].name  # own folder: the fixture's stays bare
+    ckpt.parent.mkdir()
+    shutil.copy(trained["ckpt"], ckpt)
+    code, _, err = run_predict(ckpt, "--backend", "onnxruntime", stdin=text)
+    assert code == 0 and any((ckpt.parent / "onnx_runtime").rglob("layers1-4.fp32.onnx")), err
+    # the saved policy runs by default, at its precision, the one chosen at --dtype else
+    fingerprint = load_for_inference(ckpt, trained["data"], fingerprint=True).fingerprint
+    by_dtype = {"int8": {"policy": parse_policy("patience:1")},
+                "fp32": {"policy": parse_policy("entropy:0.68")}}  # fmt: skip
+    write_policy(ckpt, parse_policy("patience:1"), "int8", by_dtype, fingerprint)
+    code, saved, err = run_predict(ckpt, "--backend", "onnxruntime", stdin=text)
+    assert code == 0 and "policy: patience:1 (saved in" in err and "dtype: int8" in err, err
+    assert {line.split("\t")[2] for line in saved.splitlines()} == {"3"}
+    code, _, err = run_predict(ckpt, "--backend", "onnxruntime", "--dtype", "fp32", stdin=text)
+    assert code == 0 and "policy: entropy:0.68 (saved in" in err and "dtype: fp32" in err, err
+    code, _, err = run_predict(ckpt, "--backend", "onnxruntime", "--dtype", "bf16", stdin="x")
+    assert code == 2 and "--backend onnxruntime runs fp32 or int8, not --dtype bf16" in err
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # not installed
+    code, _, err = run_predict(ckpt, "--backend", "onnxruntime", stdin="x")
+    assert code == 2 and INSTALL in err and err.startswith("acl-fairseq-predict: error:")

@@ -10,17 +10,15 @@ It mirrors ``TransformerEncoder.forward`` layer by layer and keeps the work per 
 * an exit's logits come from its head (``pool`` then ``classify``, as in training) on what the
   exit sees (``model.exit_hidden``); with ``first`` pooling only the first position is
   layer-normed (the same numbers as normalising every position and pooling afterwards);
-* the policy decides on the device (``ExitPolicy.decide``, the one rule of each policy); one
-  host sync per shallow exit (does any row leave?) and, only where some row leaves and more
-  than one row runs, a second one (how many rows stay and, with padding, the new width): the
-  kept rows are found with a stable sort of the exit mask (no ``nonzero``), the leaving rows'
-  logits are written with ``index_copy_`` on the running rows (rows that stay are overwritten
-  at their own exit later), and the batch is compacted only when some row leaves;
+* the policy decides on the device (``ExitPolicy.decide``, the one rule of each policy); the
+  row bookkeeping (``early_exit.running_rows.RunningRows``, shared with the ONNX Runtime
+  backend ``inference.onnx_runtime``): one host sync per shallow exit (does any row leave?)
+  and, only where some row leaves and more than one row runs, a second one (how many rows
+  stay and, with padding, the new width); the batch is compacted only when some row leaves;
 * one unpadded row (batch 1) takes ``early_exit_row.run_single_row``: four or five tensor ops
   per exit instead of about twenty, the built-in kinds deciding on the host (the same
   numbers); a single running row of a batch stops at its exit with no row bookkeeping;
-* the padding bookkeeping uses per-row lengths computed once (no padding mask recomputed),
-  and ``mean`` pooling uses weights computed once (``pooling.MeanWeights``).
+* ``mean`` pooling uses weights computed once (``pooling.MeanWeights``).
 
 Results equal the per-example and full-depth runs (the tests check both).
 """
@@ -33,6 +31,7 @@ import torch
 from torch import Tensor
 
 from ..early_exit.policies import ExitPolicy
+from ..early_exit.running_rows import RunningRows
 from .early_exit_row import run_single_row
 from .pooling import MeanWeights
 from .types import EarlyExitResult
@@ -93,67 +92,20 @@ def run_early_exit(
         x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))
     x = x.transpose(0, 1)  # T x B x C
 
-    nonpad = ~padding_mask
-    # per row: number of real tokens and 1 + position of the last one (for trimming)
-    counts = nonpad.sum(dim=1)
-    positions = torch.arange(1, src_tokens.size(1) + 1, device=device)
-    ends = (nonpad * positions).amax(dim=1) if src_tokens.size(1) > 0 else counts
     uses_mean = any(head.pooling == "mean" for head in heads.values())
     mean = MeanWeights(padding_mask, has_pads) if uses_mean else None
-    rows = torch.arange(bsz, device=device)  # original index of each running row
-    state = policy.init_state(bsz, device)
-    exit_layers = torch.full((bsz,), num_layers, dtype=torch.long, device=device)
-    all_logits: Tensor | None = None
-
+    running = RunningRows(policy, padding_mask, has_pads, num_layers)
     for layer_idx, layer in enumerate(encoder.layers, start=1):
-        x = _run_layer(layer, x, padding_mask if has_pads else None)
+        x = _run_layer(layer, x, running.padding_mask if running.has_pads else None)
         if layer_idx not in heads:
             continue
-        logits = _exit_logits(model, heads[layer_idx], x, mean)  # B' x K
-        if all_logits is None:
-            all_logits = logits.new_zeros(bsz, logits.size(-1))
-        if layer_idx == num_layers:  # every running row exits at the last layer
-            all_logits.index_copy_(0, rows, logits)
-            exit_layers.index_fill_(0, rows, num_layers)
+        keep = running.at_exit(layer_idx, _exit_logits(model, heads[layer_idx], x, mean))
+        if running.done:
             break
-        exit_mask, state = policy.decide(logits, state)
-        if not bool(exit_mask.any()):  # one host sync; nobody leaves here
-            continue
-        if x.size(1) == 1:  # a single running row leaves: no row bookkeeping
-            all_logits.index_copy_(0, rows, logits)
-            exit_layers.index_fill_(0, rows, layer_idx)
-            break
-        stay = ~exit_mask
-        if has_pads:  # kept rows, their widest end and fewest real tokens: one sync
-            big = torch.iinfo(counts.dtype).max
-            stats = torch.stack(
-                [
-                    stay.sum(),
-                    torch.where(stay, ends, 0).amax(),
-                    torch.where(stay, counts, big).amin(),
-                ]
-            ).tolist()
-            kept, width, fewest = (int(v) for v in stats)
-        else:
-            kept = int(stay.sum())
-        all_logits.index_copy_(0, rows, logits)  # rows that stay are overwritten later
-        exit_layers.index_fill_(0, rows, layer_idx)  # likewise
-        if kept == 0:
-            break
-        keep = torch.sort(exit_mask.to(torch.uint8), stable=True).indices[:kept]
-        rows = rows.index_select(0, keep)
-        x = x.index_select(1, keep)
-        padding_mask = padding_mask.index_select(0, keep)
-        counts, ends = counts.index_select(0, keep), ends.index_select(0, keep)
-        state = {k: v.index_select(0, keep) for k, v in state.items()}
-        if has_pads:  # drop trailing all-pad columns (exact: padded keys get no attention)
-            width = max(width, 1)
-            if width < padding_mask.size(1):
-                x, padding_mask = x[:width], padding_mask[:, :width]
-            has_pads = fewest < width
-        if mean is not None:
-            mean.select(keep, x.size(0))
-
-    assert all_logits is not None  # the last layer always has an exit
-    predictions = all_logits.argmax(dim=-1)  # the stored logits: same argmax as at the exit
-    return EarlyExitResult(predictions, exit_layers, all_logits)
+        if keep is not None:  # some rows left: keep the others (and their width)
+            x = x.index_select(1, keep)
+            if running.width < x.size(0):
+                x = x[: running.width]
+            if mean is not None:
+                mean.select(keep, x.size(0))
+    return running.result()

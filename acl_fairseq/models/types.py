@@ -1,7 +1,8 @@
 """What the multi-exit model returns: one exit's output, and an early-exit prediction.
 
 Their own module, so the model and its hub interface both import them without importing
-each other.
+each other. ``EarlyExitResult`` is defined with the loop's row bookkeeping
+(``early_exit.running_rows``), which the ONNX Runtime backend shares.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from torch import Tensor
+
+from ..early_exit.running_rows import EarlyExitResult
 
 __all__ = ["EarlyExitResult", "ExitOutput"]
 
@@ -20,12 +23,3 @@ class ExitOutput(NamedTuple):
     logits: Tensor  # B x K
     features: Tensor  # B x C, the input of the head's out_proj (after dense, act, dropout)
     label_embeddings: Tensor  # K x C, the head's out_proj.weight
-
-
-class EarlyExitResult(NamedTuple):
-    """Result of ``MultiExitRobertaModel.early_exit`` for B examples, K classes."""
-
-    predictions: Tensor  # B, long: argmax of the exit's logits
-    exit_layers: Tensor  # B, long: 1-based layer of the exit each example left at
-    logits: Tensor  # B x K: logits of that exit
-    labels: list[str] | None = None  # B label names (the hub's ``predict_early_exit``)

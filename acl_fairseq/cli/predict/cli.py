@@ -14,12 +14,17 @@ The text is encoded exactly as the training data: the tokenizer recorded by
 ``acl-fairseq-prepare`` in ``DATA/prepare_glue.json``, the source dictionary, the task's
 ``--init-token`` / ``--separator-token`` (``acl_fairseq.data.text_encoder``).
 ``DATA`` is the checkpoint's own data folder unless ``--data`` is given.
+
+``--backend onnxruntime`` runs the same early-exit loop on ONNX Runtime sessions of the model's
+segments (``acl_fairseq.inference.onnx_runtime``; ``--dtype fp32`` or ``int8``, CPU), exported
+once into ``--onnx-cache`` (default: ``onnx_runtime/`` next to the checkpoint).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -40,11 +45,14 @@ from acl_fairseq.cli.predict.inputs import (
 from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
 from acl_fairseq.inference.loader import Loaded, load_for_inference
+from acl_fairseq.inference.onnx_runtime import ORT_DTYPES, OrtEarlyExit, require_onnxruntime
 from acl_fairseq.inference.precision import PRECISIONS
 from acl_fairseq.inference.saved_policy import POLICY_FILE, policy_path
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 PROG = "acl-fairseq-predict"
+BACKENDS = ("fairseq", "onnxruntime")
+ONNX_CACHE = "onnx_runtime"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
         choices=PRECISIONS,
         help="precision: fp32, bf16 (weights in bfloat16), int8 (torch's dynamic quantization, "
         "CPU only) (default: the saved policy's precision, else fp32)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="fairseq",
+        help="what runs the model: fairseq (torch), or onnxruntime (the same early-exit loop on "
+        "ONNX Runtime sessions of the model's segments, --dtype fp32 or int8, CPU; pip install "
+        "onnxruntime onnx onnxscript)",
+    )
+    p.add_argument(
+        "--onnx-cache",
+        help=f"folder of the exported ONNX segments (--backend onnxruntime; default: "
+        f"{ONNX_CACHE}/ next to the checkpoint)",
     )
     p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass")
     p.add_argument("--head", default=DEFAULT_HEAD, help="classification head")
@@ -185,6 +206,15 @@ def choose_policy(requested: ExitPolicy | str | None, loaded: Loaded) -> PolicyC
     return PolicyChoice(policy, policy.spec, detail)
 
 
+def ort_dtype(asked: str | None, loaded: Loaded) -> str:
+    """The ONNX Runtime backend's precision: ``--dtype``, else the saved policy's when it is
+    one the backend runs, else fp32."""
+    if asked is not None:
+        return asked
+    saved = loaded.saved.dtype if loaded.saved is not None else "fp32"
+    return saved if saved in ORT_DTYPES else "fp32"
+
+
 def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     columns = parse_columns(args.text_columns)
     if args.batch_size < 1:
@@ -192,13 +222,23 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     requested = requested_policy(args.policy, args.checkpoint)
     if not Path(args.checkpoint).is_file():
         raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
+    ort = args.backend == "onnxruntime"
+    if ort:
+        require_onnxruntime()  # its error names the install command
+        if args.dtype not in (None, *ORT_DTYPES):
+            raise PredictError(f"--backend onnxruntime runs fp32 or int8, not --dtype {args.dtype}")
     source = "stdin" if args.input == "-" else args.input
     rows = read_rows(read_input(args.input, stdin), source, columns, args.header)  # early
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     loaded = load_for_inference(  # a CheckpointError is printed as this tool's error
-        args.checkpoint, args.data, device, dtype=args.dtype, label_order=False,
+        args.checkpoint, args.data, "cpu" if ort else device,
+        dtype="fp32" if ort else args.dtype, label_order=False,
         saved_policy=requested in (None, "saved") or args.dtype is None, text="required",
+        fingerprint=ort,
     )  # fmt: skip
+    if ort:  # the fp32 model is exported; the policy is the one chosen at the runtime's dtype
+        device = torch.device("cpu")
+        loaded = dataclasses.replace(loaded, dtype=ort_dtype(args.dtype, loaded))
     model = loaded.model
     for note in loaded.notes:
         stderr.write(f"{PROG}: note: {note}\n")
@@ -238,6 +278,12 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     examples = encode_rows(encoder, rows, source)
 
     policy, pad = choice.policy, encoder.dictionary.pad()
+    if ort:
+        cache = args.onnx_cache or Path(args.checkpoint).parent / ONNX_CACHE
+        model = OrtEarlyExit(model, args.head, cache, loaded.dtype, None, loaded.fingerprint)
+        if policy is not None:
+            model.prepare(policy)  # exported once, untimed
+        stderr.write(f"{PROG}: backend: onnxruntime, segments in {model.folder}\n")
     if examples:  # the first forwards pay one-time costs (threads, the padded path): untimed
         by_length = sorted(examples, key=len)
         warm_up = [by_length[0], by_length[-1]][: min(2, args.batch_size, len(examples))]

@@ -1,0 +1,332 @@
+"""Early exit on ONNX Runtime: the multi-exit model exported segment by segment, the same loop.
+
+For the exits a policy decides at, the model is cut into segments: segment ``i`` runs the
+encoder layers after the previous exit up to and including its exit's layer (the first one
+starts with the embedding) and that exit's head (``exit_hidden``, ``pool``, ``classify``), in one
+ONNX graph. Inputs: ``x`` (tokens B x T int64 for the first segment, else the hidden states
+T x B x C float32) and ``padding_mask`` (B x T bool, True at padding; all False without
+padding: a masked position gets no attention, so an all-False mask is the unmasked layer).
+Outputs: ``hidden`` (T x B x C, the next segment's ``x``) and ``logits`` (B x K float32); the
+last segment ends at the final layer with the final head and outputs ``logits`` only. Batch and
+time are dynamic axes.
+
+``OrtEarlyExit`` runs ``run_early_exit``'s loop on one ``onnxruntime.InferenceSession`` per
+segment (``fp32``, or ``int8``: ``quantize_dynamic`` with int8 weights per channel): the policy
+decides on torch tensors over the sessions' outputs, and the row bookkeeping is the torch
+loop's own (``early_exit.running_rows``). A policy that never exits runs one full-depth
+session; one unpadded row runs without row bookkeeping. The fairseq model is the reference the
+tests compare it with.
+
+Exported files are cached under the folder given, in a folder named by the model's content
+fingerprint (``saved_policy.model_fingerprint``), its head and the export format; one file per
+segment and precision (``layers{FIRST}-{LAST}.{dtype}.onnx``), so exit sets that share a segment
+share its file and a second load exports nothing. onnxruntime is optional and imported lazily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..early_exit.policies import ExitPolicy, as_policy
+from ..early_exit.running_rows import EarlyExitResult, RunningRows
+from ..errors import AclFairseqError, AclValueError
+from .precision import model_precision
+from .saved_policy import model_fingerprint
+
+__all__ = [
+    "INSTALL",
+    "ORT_DTYPES",
+    "ExitLogits",
+    "OnnxRuntimeMissing",
+    "OrtEarlyExit",
+    "export_onnx",
+    "export_segment",
+    "ort_session",
+    "quantize_int8",
+    "require_onnxruntime",
+]
+
+INSTALL = "pip install onnxruntime onnx onnxscript"
+ORT_DTYPES = ("fp32", "int8")
+OPSET = 17
+FORMAT = 1
+"""The segments' graph format: cached files of another format are not reused."""
+
+
+class OnnxRuntimeMissing(AclFairseqError, ImportError):
+    """onnxruntime or onnx is not installed; the message names the install command."""
+
+
+def require_onnxruntime() -> ModuleType:
+    """The ``onnxruntime`` module (``onnx`` is needed too: the exporter and the quantizer)."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime
+    except ImportError as e:
+        raise OnnxRuntimeMissing(
+            f"the ONNX Runtime backend needs onnxruntime and onnx ({e}): {INSTALL} "
+            "(or pip install -e .[bench])"
+        ) from None
+    return onnxruntime
+
+
+def export_onnx(
+    module: nn.Module,
+    args: tuple[Tensor, ...],
+    path: Path,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    axes: dict[str, dict[int, str]],
+) -> None:
+    """``module`` (eval mode) traced on ``args`` into the ONNX file ``path`` (TorchScript
+    exporter, opset 17); ``axes``: the dynamic axes of each input and output by name."""
+    require_onnxruntime()
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation notice, tracer warnings
+        torch.onnx.export(
+            module, args, str(path), input_names=list(inputs), output_names=list(outputs),
+            dynamic_axes=axes, opset_version=OPSET, dynamo=False,
+        )  # fmt: skip
+    module.eval()  # the exporter restores the module's mode: keep it in eval mode
+
+
+def quantize_int8(source: Path, target: Path) -> None:
+    """ONNX Runtime's dynamic quantization of ``source`` into ``target``: int8 weights per
+    channel, activations quantized at run time."""
+    require_onnxruntime()
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # the quantizer's notes on every tensor, to the root logger
+    try:
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True)
+    finally:
+        logging.disable(previous)
+
+
+def ort_session(path: Path, threads: int) -> Any:
+    """An ``InferenceSession`` of ``path`` on the CPU: ``threads`` intra-op threads, one
+    inter-op thread, every graph optimization."""
+    ort = require_onnxruntime()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class _Segment(nn.Module):
+    """Layers ``first..last`` (1-based) of ``model`` and ``head`` on them (the module
+    docstring's graph); ``first == 1`` starts from the tokens, with the embedding."""
+
+    def __init__(self, model: Any, head: nn.Module, first: int, last: int) -> None:
+        super().__init__()
+        self.model, self.head = model, head  # the graph holds only the weights that run
+        self.layers = model.encoder.sentence_encoder.layers[first - 1 : last]
+        self.first, self.final = first, last == int(model.num_layers)
+
+    def forward(self, x: Tensor, padding_mask: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        if self.first == 1:  # B x T tokens -> T x B x C, as TransformerEncoder.forward
+            x, _ = self.model.encoder.sentence_encoder.forward_embedding(x)
+            x = (x * (1 - padding_mask.unsqueeze(-1).type_as(x))).transpose(0, 1)
+        for layer in self.layers:
+            out = layer(x, encoder_padding_mask=padding_mask)
+            x = out[0] if isinstance(out, tuple) and len(out) == 2 else out
+        seen = x[:1] if self.head.pooling == "first" else x
+        features = self.model.exit_hidden(seen).transpose(0, 1)  # B x T' x C
+        logits = self.head.classify(self.head.pool(features, padding_mask=padding_mask))[0]
+        return logits if self.final else (x, logits)
+
+
+def export_segment(model: Any, head: nn.Module, first: int, last: int, path: Path) -> None:
+    """The segment of layers ``first..last`` of ``model`` (fp32, eval mode) and ``head`` (the
+    exit at ``last``) as the ONNX file ``path``."""
+    segment = _Segment(model, head, first, last).eval()
+    encoder = model.encoder.sentence_encoder
+    pad = int(encoder.padding_idx)
+    with torch.inference_mode(False):  # sample inputs the tracer may keep
+        mask = torch.zeros(2, 5, dtype=torch.bool)
+        mask[1, 3:] = True  # the trace sees a padded row; the graph takes any mask
+        if first == 1:
+            x = torch.full((2, 5), pad + 1, dtype=torch.long).masked_fill(mask, pad)
+        else:
+            x = torch.zeros(5, 2, encoder.embed_tokens.embedding_dim)
+    x_axes = {0: "batch", 1: "time"} if first == 1 else {0: "time", 1: "batch"}
+    outputs = ["logits"] if segment.final else ["hidden", "logits"]
+    axes = {"x": x_axes, "padding_mask": {0: "batch", 1: "time"}, "logits": {0: "batch"}}
+    if not segment.final:
+        axes["hidden"] = {0: "time", 1: "batch"}
+    export_onnx(segment, (x, mask), path, ["x", "padding_mask"], outputs, axes)
+
+
+class ExitLogits(NamedTuple):
+    """One exit's logits (``exit_outputs``; what ``thresholds.collect_exits`` reads)."""
+
+    layer: int
+    logits: Tensor  # B x K float32
+
+
+class OrtEarlyExit:
+    """The early-exit loop of ``model`` (a ``MultiExitRobertaModel``, fp32, eval mode, CPU) on
+    ONNX Runtime sessions of its segments at ``dtype`` (``fp32`` or ``int8``), head group
+    ``head``; files cached under ``folder``; ``threads``: each session's intra-op threads
+    (default ``torch.get_num_threads()``); ``fingerprint``: the checkpoint's
+    ``model_fingerprint`` (``Loaded.fingerprint``; default: that of ``model.state_dict()``).
+
+    It offers the model's inference calls: ``early_exit``, ``exit_outputs`` and
+    ``runner(tokens)[0]`` (full-depth logits). Segments are exported and their sessions made
+    on first use (``prepare``); ``model`` must stay fp32 until then.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        head: str,
+        folder: str | Path,
+        dtype: str = "fp32",
+        threads: int | None = None,
+        fingerprint: str | None = None,
+    ) -> None:
+        require_onnxruntime()
+        if dtype not in ORT_DTYPES:
+            raise AclValueError(f"ONNX Runtime backend: dtype must be fp32 or int8, got {dtype!r}")
+        if not hasattr(model, "exit_heads"):
+            raise AclValueError(
+                f"ONNX Runtime backend: needs a multi-exit model (--arch multi_exit_roberta*), "
+                f"not a {type(model).__name__}"
+            )
+        if model_precision(model) != "fp32" or model.training:
+            raise AclValueError(
+                "ONNX Runtime backend: export needs the fp32 model in eval mode (load it "
+                f"without --dtype); got {model_precision(model)}"
+            )
+        self.model, self.head, self.dtype = model, head, dtype
+        self.heads = dict(model.exit_heads(head))  # {layer: exit head}, the final included
+        self.num_layers = int(model.num_layers)
+        self.shallow_exit_layers: tuple[int, ...] = tuple(model.shallow_exit_layers)
+        self.pad = int(model.encoder.sentence_encoder.padding_idx)
+        self.threads = threads or torch.get_num_threads()
+        fingerprint = fingerprint or model_fingerprint(model.state_dict())
+        pooling = self.heads[self.num_layers].pooling
+        key = json.dumps([fingerprint, head, pooling, FORMAT, OPSET])
+        tag = hashlib.sha256(key.encode()).hexdigest()[:8]
+        self.folder = Path(folder) / f"onnx-{fingerprint[:16]}-{tag}"
+        self._sessions: dict[tuple[int, int], Any] = {}
+
+    def segment_file(self, first: int, last: int, dtype: str | None = None) -> Path:
+        """The ONNX file of layers ``first..last`` at ``dtype`` (default: the runner's),
+        exported (int8: quantized from the fp32 file) unless already cached."""
+        from ..checkpoint.atomic_files import replace_atomically
+
+        dtype = dtype or self.dtype
+        path = self.folder / f"layers{first}-{last}.{dtype}.onnx"
+        if path.is_file():
+            return path
+        self.folder.mkdir(parents=True, exist_ok=True)
+        source = self.segment_file(first, last, "fp32") if dtype == "int8" else None
+
+        def write(tmp: str) -> None:
+            if source is not None:
+                quantize_int8(source, Path(tmp))
+            else:
+                export_segment(self.model, self.heads[last], first, last, Path(tmp))
+
+        replace_atomically(str(path), write)
+        return path
+
+    def segments(self, exits: Sequence[int]) -> list[tuple[int, Any]]:
+        """``[(exit layer, session)]`` of the segments ending at ``exits`` (shallow, in order)
+        and at the last layer."""
+        out, first = [], 1
+        for last in [*exits, self.num_layers]:
+            if (first, last) not in self._sessions:
+                path = self.segment_file(first, last)
+                self._sessions[first, last] = ort_session(path, self.threads)
+            out.append((last, self._sessions[first, last]))
+            first = last + 1
+        return out
+
+    def exits_of(self, policy: ExitPolicy) -> tuple[int, ...]:
+        """The shallow exits ``policy`` runs at: none when it never exits (full depth)."""
+        exits = tuple(policy.exits(self.shallow_exit_layers))
+        return () if policy.never_exits(len(exits)) else exits
+
+    def prepare(self, policy: ExitPolicy | str) -> None:
+        """Exports (or loads) the segments of ``policy`` now, not at its first batch."""
+        self.segments(self.exits_of(as_policy(policy)))
+
+    def _check_head(self, name: str | None) -> None:
+        if name is not None and name != self.head:
+            raise AclValueError(f"ONNX Runtime backend: built for head {self.head!r}, not {name!r}")
+
+    def __call__(self, src_tokens: Tensor, classification_head_name: str | None = None):
+        """``(logits B x K, None)`` of the full-depth model (one session)."""
+        self._check_head(classification_head_name)
+        (_, session), tokens = self.segments(())[0], src_tokens.cpu()
+        feeds = {"x": tokens.numpy(), "padding_mask": tokens.eq(self.pad).numpy()}
+        return torch.from_numpy(session.run(None, feeds)[-1]), None
+
+    def exit_outputs(
+        self, src_tokens: Tensor, classification_head_name: str | None = None, **unused: Any
+    ) -> list[ExitLogits]:
+        """Every exit's logits on every row (B x T ``src_tokens``), by layer, the final last."""
+        self._check_head(classification_head_name)
+        tokens = src_tokens.cpu()
+        x, mask, out = tokens.numpy(), tokens.eq(self.pad).numpy(), []
+        for layer, session in self.segments(self.shallow_exit_layers):
+            *hidden, logits = session.run(None, {"x": x, "padding_mask": mask})
+            out.append(ExitLogits(layer, torch.from_numpy(logits)))
+            x = hidden[0] if hidden else x
+        return out
+
+    def early_exit(
+        self,
+        src_tokens: Tensor,
+        policy: ExitPolicy | str,
+        classification_head_name: str | None = None,
+        **unused: Any,
+    ) -> EarlyExitResult:
+        """``run_early_exit`` on the sessions: ``src_tokens`` B x T -> ``EarlyExitResult(
+        predictions B, exit_layers B, logits B x K)``."""
+        self._check_head(classification_head_name)
+        policy = as_policy(policy)
+        segments = self.segments(self.exits_of(policy))
+        tokens = src_tokens.cpu()
+        bsz, padding_mask = tokens.size(0), tokens.eq(self.pad)  # B x T
+        has_pads = bool(padding_mask.any())
+        x, mask = tokens.numpy(), padding_mask.numpy()
+        if len(segments) == 1 or (bsz == 1 and not has_pads):  # no row bookkeeping
+            state = policy.init_state(bsz)
+            for layer, session in segments:
+                *hidden, logits = session.run(None, {"x": x, "padding_mask": mask})
+                scores = torch.from_numpy(logits)
+                if layer == self.num_layers:
+                    break
+                leaves, state = policy.decide(scores, state)
+                if bool(leaves):  # one row here
+                    break
+                x = hidden[0]
+            layers = torch.full((bsz,), layer, dtype=torch.long)
+            return EarlyExitResult(scores.argmax(dim=-1), layers, scores)
+        running = RunningRows(policy, padding_mask, has_pads, self.num_layers)
+        for layer, session in segments:
+            outs = session.run(None, {"x": x, "padding_mask": mask})
+            keep = running.at_exit(layer, torch.from_numpy(outs[-1]))
+            if running.done:
+                break
+            x = outs[0]
+            if keep is not None:  # some rows left: keep the others (and their width)
+                x = torch.from_numpy(x).index_select(1, keep)[: running.width].numpy()
+                mask = np.ascontiguousarray(running.padding_mask.numpy())
+        return running.result()
