@@ -171,16 +171,14 @@ def command_env(env: dict | None = None) -> dict:
 
 
 def run(cmd: list[str], env: dict | None = None, timeout: int = 900) -> str:
-    """Runs a command; on failure raises with the tail of its output."""
-    # a test that sets variables of its own gets a fresh process (see fork_server.py)
-    if env is None and ForkServer.serves(cmd):
-        returncode, out = ForkServer.run(cmd, command_env(), REPO, timeout)
-    else:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, env=command_env(env), timeout=timeout,
-            cwd=str(REPO),
-        )  # fmt: skip
-        returncode, out = proc.returncode, proc.stdout + proc.stderr
+    """Runs a command (served, see fork_server.py); on failure raises with the tail of its
+    output."""
+    proc = subprocess.run(
+        ForkServer.served(cmd), capture_output=True, text=True,
+        env=command_env(ForkServer.served_env(env)),
+        timeout=timeout, cwd=str(REPO),
+    )  # fmt: skip
+    returncode, out = proc.returncode, proc.stdout + proc.stderr
     if returncode != 0:
         raise AssertionError(f"command failed ({returncode}): {' '.join(cmd)}\n{out[-6000:]}")
     return out

@@ -1,17 +1,24 @@
-"""A process that imports fairseq once and forks a child per ``fairseq-train`` or
-``fairseq-validate`` command of the tests (``ForkServer``: ``fairseq_helpers.run`` and the
-tools' ``stream_to_log``, see conftest.py).
+"""A process that imports torch and fairseq once and forks a child per Python command the tests
+run (``ForkServer``), reached through stand-in executables (``shim_client.py``).
 
-Each command still runs in its own process, with its own argv, environment, working folder,
-exit code and output; only the import of torch and fairseq (most of a tiny run's CPU time) is
-shared. The plugin is imported by the child, from its ``--user-dir``, as the console command
-would. What a fresh process would read from the environment at import time (torch's and
-fairseq's own settings) comes from the server's start instead; ``OMP_NUM_THREADS`` is applied.
-Off with ``ACL_TEST_FORK_SERVER=0``: every command a fresh process.
+``ForkServer.shim()`` is a folder of stand-ins, ``python``, ``fairseq-train``,
+``fairseq-validate`` and ``acl-fairseq-NAME``: each is a small client (no torch import) that
+sends its arguments, environment, working folder and standard streams to the server, which
+forks the command from its warm state; the client forwards SIGINT / SIGTERM / SIGHUP, and ends
+with the command's exit code or dies by the signal that killed it. So a command still runs in
+its own process, with its own argv, environment, working folder, streams and exit code; only the
+import of torch and fairseq (most of a tiny command's CPU time) is shared. ``ForkServer.served``
+rewrites a command line to the stand-ins; inside a served command ``sys.executable`` is the
+stand-in ``python``, so the commands it starts (``python -m ...``, ``BIN/fairseq-train``) are
+served too. What a fresh process would read from the environment at import time (torch's and
+fairseq's own settings) comes from the server's start instead; ``OMP_NUM_THREADS``,
+``PYTHONPATH`` and ``PYTHONUNBUFFERED`` are applied. Off with ``ACL_TEST_FORK_SERVER=0``: every
+command a fresh process.
 
-Protocol: one JSON request per line on stdin (``{"argv": [...], "output": PATH, "env": {...},
-"cwd": DIR}``); the server answers ``{"pid": N}`` when the child starts and ``{"rc": N}`` when
-it ends. EOF on stdin stops it.
+Protocol (a Unix socket ``server.sock`` in the shim folder): the client sends an 8-byte length
+with its fds 0, 1, 2, then a JSON request ``{"name", "args", "env", "cwd"}``; the server forks a
+handler, which forks the command and answers ``{"pid": N}``, then ``{"rc": N}`` when it ends
+(negative: the signal that killed it). The handler kills the command if the client goes away.
 """
 
 from __future__ import annotations
@@ -20,42 +27,113 @@ import atexit
 import json
 import logging
 import os
+import select
+import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
-import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# validate first: it imports fairseq before its logging set-up, train after (see ``main``)
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
 ENTRY_POINTS = {"fairseq-validate": "fairseq_cli.validate", "fairseq-train": "fairseq_cli.train"}
-LOGGING: dict[str, tuple[int, list[logging.Handler]]] = {}
+TOOLS = sorted(
+    f"acl-fairseq-{p.name.replace('_', '-')}"
+    for p in (HERE.parent / "acl_fairseq" / "cli").iterdir()
+    if (p / "cli.py").is_file()
+)
+SHIMS = ("python", *ENTRY_POINTS, *TOOLS)
+SOCKET = "server.sock"
+SYS_PATH: list[str] = []  # the server's sys.path after its script folder
 
 
-def run_child(argv: list[str], output: str, env: dict[str, str], cwd: str) -> int:
-    """In the forked child: ``argv`` as its console command would run it, in ``env`` and
-    ``cwd``; returns the exit code (an uncaught exception goes to ``sys.excepthook`` and
-    gives 1, as Python does)."""
+# --------------------------------------------------------------------------- the command
+
+
+def _python_argv(args: list[str]) -> tuple[str, str, list[str]]:
+    """``(mode, target, argv)`` of a ``python ARGS`` command line: mode ``-m``, ``-c`` or
+    ``script``; the options before it that do not change what runs (``-u``, ``-B``, ``-E``,
+    ``-s``, ``-S``) are dropped."""
+    args = list(args)
+    while args and args[0] in ("-u", "-B", "-E", "-s", "-S"):
+        args.pop(0)
+    if not args:
+        raise SystemExit("fork server: an interactive python is not served")
+    if args[0] in ("-m", "-c"):
+        return args[0], args[1], args[2:]
+    if args[0].startswith("-"):
+        raise SystemExit(f"fork server: python option {args[0]} is not served")
+    return "script", args[0], args[1:]
+
+
+def _run(name: str, args: list[str], env: dict[str, str], cwd: str, shim: str) -> None:
+    """In the forked command process: the command as its executable would run it."""
     import importlib
+    import runpy
 
-    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    import torch
+
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    import torch
-
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
-    logging.root.level, logging.root.handlers = LOGGING[Path(argv[0]).name]
-    sys.argv = list(argv)
-    module = importlib.import_module(ENTRY_POINTS[Path(argv[0]).name])
+    if env.get("PYTHONUNBUFFERED"):
+        sys.stdout.reconfigure(line_buffering=True, write_through=True)
+        sys.stderr.reconfigure(line_buffering=True, write_through=True)
+    sys.executable = os.path.join(shim, "python")  # the commands it starts are served
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    first = ""
+    # fairseq's entry points set up logging when imported: imported again, as in a new process
+    logging.root.setLevel(logging.WARNING)
+    logging.root.handlers = []
+    for module in ENTRY_POINTS.values():
+        sys.modules.pop(module, None)
+        package, _, attr = module.rpartition(".")
+        if hasattr(sys.modules[package], attr):
+            delattr(sys.modules[package], attr)
+    if name in ENTRY_POINTS:
+        sys.argv = [os.path.join(shim, name), *args]
+        sys.path[:] = [str(BIN), *extra, *SYS_PATH]
+        importlib.import_module(ENTRY_POINTS[name]).cli_main()
+        return
+    if name.startswith("acl-fairseq-"):
+        sys.argv = [os.path.join(shim, name), *args]
+        sys.path[:] = [str(BIN), *extra, *SYS_PATH]
+        module = importlib.import_module(f"acl_fairseq.cli.{name[12:].replace('-', '_')}")
+        sys.exit(module.main())
+    mode, target, argv = _python_argv(args)
+    if mode == "-m":
+        first = os.getcwd()
+    elif mode == "script":
+        first = os.path.dirname(os.path.abspath(target))
+    sys.path[:] = [first, *extra, *SYS_PATH]
+    if mode == "-c":
+        sys.argv = ["-c", *argv]
+        code = compile(target, "<string>", "exec")
+        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    elif mode == "-m":
+        sys.argv = [target, *argv]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [target, *argv]
+        runpy.run_path(target, run_name="__main__")
+
+
+def run_command(name: str, args: list[str], env: dict[str, str], cwd: str, shim: str) -> int:
+    """``_run`` with Python's ending: the exit code (``SystemExit`` as the interpreter reads
+    it; an uncaught exception to ``sys.excepthook``, code 1), then the non-daemon threads,
+    ``atexit`` and the streams, as at interpreter exit."""
+    import threading
+
+    code = 0
     try:
-        module.cli_main()
-        code = 0
+        _run(name, args, env, cwd, shim)
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             code = e.code or 0
@@ -66,130 +144,175 @@ def run_child(argv: list[str], output: str, env: dict[str, str], cwd: str) -> in
         sys.excepthook(*sys.exc_info())  # the plugin's hook prints its errors as one line
         code = 1
     try:
+        threading._shutdown()  # type: ignore[attr-defined]  (the interpreter's own step)
         atexit._run_exitfuncs()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
     return code
 
 
-def main() -> None:
-    requests = os.fdopen(os.dup(0), "r")
-    answers = os.fdopen(os.dup(1), "w")
+# --------------------------------------------------------------------------- the server
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    header, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    (size,) = struct.unpack("!Q", header)
+    data = b""
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("client went away")
+        data += chunk
+    return json.loads(data), fds
+
+
+def _handle(conn: socket.socket, shim: str) -> None:
+    """In a handler process: one client's command, forked; its pid and exit code to the
+    client; the command killed if the client goes away first."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    request, fds = _receive(conn)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the command
+        code = 1
+        try:
+            conn.close()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts
+            code = run_command(request["name"], request["args"], request["env"],
+                               request["cwd"], shim)  # fmt: skip
+        finally:
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    done = os.pidfd_open(pid)
+    while True:
+        ready, _, _ = select.select([conn, done], [], [])
+        if done in ready:
+            _, status = os.waitpid(pid, 0)
+            conn.sendall(json.dumps({"rc": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            return
+        if not conn.recv(1):  # the client is gone: so is its command
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return
+
+
+def serve(shim: str) -> None:
+    """The server: imports torch and fairseq's entry points, then forks a handler per client
+    of ``shim/server.sock`` until stdin closes."""
     devnull = os.open(os.devnull, os.O_RDWR)
+    stop = os.dup(0)
     for fd in (0, 1):
         os.dup2(devnull, fd)
-    for name, module in ENTRY_POINTS.items():  # each with the root logger its import sets up
-        logging.root.handlers = []
-        logging.root.setLevel(logging.WARNING)
+    SYS_PATH[:] = sys.path[1:]
+    import torch  # noqa: F401
+
+    for module in ENTRY_POINTS.values():  # what they import (themselves again in each command)
         __import__(module)
-        LOGGING[name] = (logging.root.level, list(logging.root.handlers))
-    for line in requests:
-        request = json.loads(line)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.path.join(shim, SOCKET))
+    listener.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
+    while True:
+        ready, _, _ = select.select([listener, stop], [], [])
+        if stop in ready:
+            return
+        conn, _ = listener.accept()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            requests.close()
-            answers.close()
+        if os.fork() == 0:
             code = 1
             try:
-                code = run_child(request["argv"], request["output"], request["env"], request["cwd"])
+                listener.close()
+                os.close(stop)
+                _handle(conn, shim)
+                code = 0
             finally:
                 os._exit(code)
-        answers.write(json.dumps({"pid": pid}) + "\n")
-        answers.flush()
-        _, status = os.waitpid(pid, 0)
-        answers.write(json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n")
-        answers.flush()
+        conn.close()
+
+
+# --------------------------------------------------------------------------- the tests' side
 
 
 class ForkServer:
-    """The client: this process's server, started on first use, stopped at exit."""
+    """This test process's server, started on first use, stopped at exit."""
 
     _proc: subprocess.Popen | None = None
+    _shim: Path | None = None
 
     @staticmethod
-    def serves(cmd: Sequence[str]) -> bool:
-        """Whether ``cmd`` is this environment's fairseq-train or fairseq-validate (and the
-        server is not turned off)."""
-        return (
-            os.environ.get("ACL_TEST_FORK_SERVER", "1") != "0"
-            and Path(cmd[0]).parent == Path(sys.executable).parent
-            and Path(cmd[0]).name in ENTRY_POINTS
-        )
+    def enabled() -> bool:
+        return os.environ.get("ACL_TEST_FORK_SERVER", "1") != "0"
 
     @classmethod
-    def start(cls, cmd: Sequence[str], env: Mapping[str, str], cwd: Path, output: str) -> int:
-        """Starts ``cmd`` with its output to the file (or FIFO) ``output``; its pid."""
+    def shim(cls) -> Path:
+        """The folder of stand-ins (the server started if it is not running)."""
         if cls._proc is None or cls._proc.poll() is not None:
+            folder = Path(tempfile.mkdtemp(prefix="acl-fork-"))
+            client = folder / "client"
+            text = (HERE / "shim_client.py").read_text(encoding="utf-8")
+            client.write_text(f"#!{sys.executable} -SE\n{text}", encoding="utf-8")
+            client.chmod(0o755)
+            for name in SHIMS:
+                (folder / name).symlink_to("client")
             cls._proc = subprocess.Popen(
-                [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(cwd),
+                [sys.executable, __file__, str(folder)], stdin=subprocess.PIPE,
+                env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(HERE.parent),
             )  # fmt: skip
+            deadline = time.monotonic() + 300
+            while not (folder / SOCKET).exists():
+                if cls._proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the fork server did not start")
+                time.sleep(0.05)
+            cls._shim = folder
             atexit.register(cls.stop)
-        request = {"argv": [str(a) for a in cmd], "output": output, "env": dict(env),
-                   "cwd": str(cwd)}  # fmt: skip
-        cls._proc.stdin.write(json.dumps(request) + "\n")
-        cls._proc.stdin.flush()
-        return json.loads(cls._proc.stdout.readline())["pid"]
+        assert cls._shim is not None
+        return cls._shim
 
     @classmethod
-    def wait(cls, pid: int, timeout: float | None = None) -> int:
-        """The exit code of the command started as ``pid``; killed after ``timeout``
-        seconds (then ``subprocess.TimeoutExpired``)."""
-        fired = threading.Event()
-
-        def kill() -> None:
-            fired.set()
-            os.kill(pid, signal.SIGKILL)
-
-        timer = threading.Timer(timeout, kill) if timeout else None
-        if timer is not None:
-            timer.start()
-        try:
-            code = json.loads(cls._proc.stdout.readline())["rc"]
-        finally:
-            if timer is not None:
-                timer.cancel()
-        if fired.is_set():
-            raise subprocess.TimeoutExpired(str(pid), timeout)
-        return code
+    def served(cls, cmd: Sequence[str | os.PathLike]) -> list[str]:
+        """``cmd`` with this environment's python, fairseq-train, fairseq-validate and
+        acl-fairseq-NAME (as a whole argument: also after ``bash LAUNCHER ... --``) replaced
+        by their stand-ins; ``cmd`` as it is when the server is off."""
+        cmd = [os.fspath(c) for c in cmd]
+        if not cls.enabled():
+            return cmd
+        names = {sys.executable: "python", **{str(BIN / n): n for n in SHIMS if n != "python"}}
+        if not any(c in names for c in cmd):
+            return cmd
+        shim = cls.shim()
+        return [str(shim / names[c]) if c in names else c for c in cmd]
 
     @classmethod
-    def run(
-        cls, cmd: Sequence[str], env: Mapping[str, str], cwd: Path, timeout: float
-    ) -> tuple[int, str]:
-        """``cmd`` to the end: its exit code and output."""
-        with tempfile.NamedTemporaryFile("r", suffix=".log") as output:
-            pid = cls.start(cmd, env, cwd, output.name)
-            return cls.wait(pid, timeout), output.read()
-
-    @classmethod
-    def stream(
-        cls, cmd: Sequence[str], env: Mapping[str, str], on_line: Callable[[str], None]
-    ) -> int:
-        """``cmd`` in this working folder, each output line to ``on_line`` as it comes; its
-        exit code (the command is killed if the caller is interrupted)."""
-        with tempfile.TemporaryDirectory() as folder:
-            fifo = os.path.join(folder, "output")
-            os.mkfifo(fifo)
-            pid = cls.start(cmd, env, Path.cwd(), fifo)
-            try:
-                with open(fifo, encoding="utf-8", errors="replace") as lines:
-                    for line in lines:
-                        on_line(line)
-            except BaseException:
-                os.kill(pid, signal.SIGKILL)
-                cls.wait(pid)
-                raise
-            return cls.wait(pid)
+    def served_env(cls, env: Mapping[str, str] | None) -> dict[str, str] | None:
+        """``env`` with each value that names a served command (``PYTHON``,
+        ``FAIRSEQ_TRAIN``) replaced by its stand-in."""
+        if env is None:
+            return None
+        return {k: cls.served([v])[0] if v else v for k, v in env.items()}
 
     @classmethod
     def stop(cls) -> None:
         if cls._proc is not None and cls._proc.poll() is None:
             cls._proc.stdin.close()
             cls._proc.wait()
+        if cls._shim is not None:
+            shutil.rmtree(cls._shim, ignore_errors=True)
+            cls._shim = None
 
 
 def served_stream_to_log(
@@ -198,22 +321,10 @@ def served_stream_to_log(
     on_line: Callable[[str], None] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> int:
-    """``acl_fairseq.experiment.streaming.stream_to_log`` with fairseq-train and
-    fairseq-validate served by the ``ForkServer``: the same log file, lines and exit code."""
+    """``acl_fairseq.experiment.streaming.stream_to_log`` with the command served."""
     from acl_fairseq.experiment import streaming
 
-    if not ForkServer.serves(cmd):
-        return streaming.stream_to_log(cmd, log_file, on_line, env)
-    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
-    with open(log_file, "w", encoding="utf-8") as log:
-
-        def write(line: str) -> None:
-            log.write(line)
-            log.flush()
-            if on_line is not None:
-                on_line(line)
-
-        return ForkServer.stream(cmd, env, write)
+    return streaming.stream_to_log(ForkServer.served(cmd), log_file, on_line, env)
 
 
 IN_PROCESS = {"acl_fairseq.cli.compare": "acl_fairseq.cli.compare.cli",
@@ -222,13 +333,13 @@ IN_PROCESS = {"acl_fairseq.cli.compare": "acl_fairseq.cli.compare.cli",
 
 def run_in_process(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
     """``subprocess.run`` for the tools that run ``python -m acl_fairseq.cli.compare`` (or
-    ``.sweep``): that command's ``main(argv)`` in this process, whose training commands the
-    ``ForkServer`` serves; any other command as a subprocess."""
+    ``.sweep``): that command's ``main(argv)`` in this process, whose training commands are
+    served; any other command as a (served) subprocess."""
     import importlib
 
     cmd = [str(c) for c in cmd]
     if cmd[:2] != [sys.executable, "-m"] or cmd[2] not in IN_PROCESS or set(kwargs) - {"check"}:
-        return subprocess.run(cmd, **kwargs)
+        return subprocess.run(ForkServer.served(cmd), **kwargs)
     try:
         code = importlib.import_module(IN_PROCESS[cmd[2]]).main(cmd[3:])
     except SystemExit as e:
@@ -259,4 +370,4 @@ def serve_tools(monkeypatch) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    serve(sys.argv[1])

@@ -6,6 +6,7 @@ import sys
 
 import numpy
 import pytest
+from fork_server import ForkServer
 
 from fairseq_helpers import REPO
 
@@ -14,7 +15,7 @@ SCRIPT = ["-m", "benchmarks.acl_grad_agreement"]  # run from the checkout (cwd=R
 
 def logs_only(out_dir):
     cmd = [sys.executable, *SCRIPT, "--logs-only", "--out", str(out_dir)]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    return subprocess.run(ForkServer.served(cmd), capture_output=True, text=True, cwd=REPO)
 
 
 def table_cells(stdout: str, run: str) -> list[list[str]]:

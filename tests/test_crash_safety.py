@@ -20,6 +20,7 @@ import sys
 
 import pytest
 import torch
+from fork_server import ForkServer
 
 from acl_fairseq.checkpoint.atomic_files import leftovers
 from acl_fairseq.checkpoint.run_lock import LOCK_FILE
@@ -66,7 +67,8 @@ def killed_run(data, save_dir, moment: str) -> str:
     env = {"OMP_NUM_THREADS": "1", "ACL_TEST_PATCHES": "kill_at", "ACL_TEST_KILL_AT": moment}
     env = {**os.environ, **env}
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=REPO)
+    proc = subprocess.run(ForkServer.served(cmd), capture_output=True, text=True, env=env,
+                          timeout=900, cwd=REPO)  # fmt: skip
     out = proc.stdout + proc.stderr
     assert proc.returncode == -signal.SIGKILL, f"{moment}: not killed\n{out[-3000:]}"
     return out

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fork_server import ForkServer
 
 from acl_fairseq.cli.demo import cli as demo
 from acl_fairseq.cpu_features import has_native_bf16
@@ -93,7 +94,8 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     cmd = [sys.executable, "-m", "acl_fairseq.cli.demo", "--work-dir", str(work),
            "--train", "64", "--dev", "32", "--test", "32", "--sweep-examples", "16",
            "--max-accuracy-drop", "50"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    proc = subprocess.run(ForkServer.served(cmd), capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=900)  # fmt: skip
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     for step in range(1, 9):

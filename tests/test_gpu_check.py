@@ -8,6 +8,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from fork_server import ForkServer
 
 from benchmarks import gpu_check
 
@@ -71,8 +72,9 @@ def test_usage_errors(sentiment_data, tmp_path):
         (["--precisions", "fp8"], "--precisions: choose from fp32, fp16, bf16"),
         (["--updates", "5", "--warmup", "5"], "--updates must exceed --warmup"),
     ]:
+        cmd = [sys.executable, *SCRIPT, str(sentiment_data), str(m), "--cpu", *args]
         proc = subprocess.run(
-            [sys.executable, *SCRIPT, str(sentiment_data), str(m), "--cpu", *args],
+            ForkServer.served(cmd),
             capture_output=True, text=True, timeout=120, cwd=REPO,
         )  # fmt: skip
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
@@ -89,9 +91,25 @@ def test_cpu_rehearsal_of_every_precision_layout_and_fine_tune(sentiment_data, t
     m = model_dir(tmp_path / "model", " ".join(TINY_ROBERTA))
     shutil.copyfile(pretrain / "checkpoint_last.pt", m / "model.pt")
     out = tmp_path / "runs"
+    cmd = [
+        sys.executable,
+        *SCRIPT,
+        str(sentiment_data),
+        str(m),
+        "--cpu",
+        "--updates",
+        "4",
+        "--warmup",
+        "1",
+        "--log-interval",
+        "1",
+        "--batch-size",
+        "8",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(
-        [sys.executable, *SCRIPT, str(sentiment_data), str(m), "--cpu", "--updates", "4",
-         "--warmup", "1", "--log-interval", "1", "--batch-size", "8", "--out", str(out)],
+        ForkServer.served(cmd),
         capture_output=True, text=True, timeout=1800, cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fork_server import ForkServer
 
 from acl_fairseq.experiment.recipe import multi_exit_arch
 
@@ -196,14 +197,17 @@ def as_run(block: str, world: dict[str, str]) -> str:
 
 
 def run_block(language: str, block: str, cwd: str) -> str:
+    """Runs the block; its commands served (tests/fork_server.py): ``python`` and the
+    commands after ``fairseq-`` and ``acl-fairseq-`` are the server's stand-ins."""
+    python = ForkServer.served([sys.executable])[0]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    path = [str(Path(python).parent), str(Path(sys.executable).parent), env["PATH"]]
+    env["PATH"] = os.pathsep.join(path)
     if language == "python":
-        cmd = [sys.executable, "-c", block]
+        cmd = [python, "-c", block]
     else:
         tools = "".join(
-            f'acl-fairseq-{t.replace("_", "-")}() {{ "{sys.executable}" -m acl_fairseq.cli.{t} '
-            '"$@"; }\n'
+            f'acl-fairseq-{t.replace("_", "-")}() {{ "{python}" -m acl_fairseq.cli.{t} "$@"; }}\n'
             for t in TOOLS
         )
         cmd = ["bash", "-e", "-o", "pipefail", "-c", tools + block]

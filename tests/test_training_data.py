@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fork_server import ForkServer
 
 from acl_fairseq.checkpoint.training_data import (
     KEY,
@@ -239,7 +240,7 @@ def test_the_data_folder_is_found_wherever_predict_runs(trained, tmp_path):
     shutil.copytree(trained["data"], work / "sst-bin")
     cmd = train_command(Path("sst-bin"), work / "rel", *MULTI_EXIT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, cwd=work, env=env, check=True, capture_output=True)
+    subprocess.run(ForkServer.served(cmd), cwd=work, env=env, check=True, capture_output=True)
     ckpt = work / "rel" / "checkpoint_last.pt"
     assert torch.load(ckpt, weights_only=False)["cfg"]["task"]["data"] == "sst-bin"
     code, out, err = run_predict(ckpt, cwd=tmp_path)
