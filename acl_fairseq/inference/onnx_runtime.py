@@ -115,13 +115,17 @@ def quantize_int8(source: Path, target: Path) -> None:
         logging.disable(previous)
 
 
-def ort_session(path: Path, threads: int) -> Any:
+def ort_session(path: Path, threads: int, spinning: bool = True) -> Any:
     """An ``InferenceSession`` of ``path`` on the CPU: ``threads`` intra-op threads, one
-    inter-op thread, every graph optimization."""
+    inter-op thread, every graph optimization. ``spinning=False``: the session's idle threads
+    sleep instead of spinning (sessions run one after the other, as the segments do, would
+    otherwise take each other's cores)."""
     ort = require_onnxruntime()
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
@@ -252,7 +256,7 @@ class OrtEarlyExit:
         for last in [*exits, self.num_layers]:
             if (first, last) not in self._sessions:
                 path = self.segment_file(first, last)
-                self._sessions[first, last] = ort_session(path, self.threads)
+                self._sessions[first, last] = ort_session(path, self.threads, spinning=False)
             out.append((last, self._sessions[first, last]))
             first = last + 1
         return out
