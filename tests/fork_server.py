@@ -197,14 +197,17 @@ def _handle(conn: socket.socket, shim: str) -> None:
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-    done = os.pidfd_open(pid)
+    try:
+        done: list[int] = [os.pidfd_open(pid)]  # readable when the command ends
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): look every 20 ms
+        done = []
     while True:
-        ready, _, _ = select.select([conn, done], [], [])
-        if done in ready:
-            _, status = os.waitpid(pid, 0)
+        ready, _, _ = select.select([conn, *done], [], [], None if done else 0.02)
+        ended, status = os.waitpid(pid, 0 if set(done) & set(ready) else os.WNOHANG)
+        if ended:
             conn.sendall(json.dumps({"rc": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
             return
-        if not conn.recv(1):  # the client is gone: so is its command
+        if conn in ready and not conn.recv(1):  # the client is gone: so is its command
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             return
