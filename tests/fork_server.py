@@ -330,33 +330,15 @@ def served_stream_to_log(
     return streaming.stream_to_log(ForkServer.served(cmd), log_file, on_line, env)
 
 
-IN_PROCESS = {"acl_fairseq.cli.compare": "acl_fairseq.cli.compare.cli",
-              "acl_fairseq.cli.sweep": "acl_fairseq.cli.sweep.cli"}  # fmt: skip
-
-
-def run_in_process(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
-    """``subprocess.run`` for the tools that run ``python -m acl_fairseq.cli.compare`` (or
-    ``.sweep``): that command's ``main(argv)`` in this process, whose training commands are
-    served; any other command as a (served) subprocess."""
-    import importlib
-
-    cmd = [str(c) for c in cmd]
-    if cmd[:2] != [sys.executable, "-m"] or cmd[2] not in IN_PROCESS or set(kwargs) - {"check"}:
-        return subprocess.run(ForkServer.served(cmd), **kwargs)
-    try:
-        code = importlib.import_module(IN_PROCESS[cmd[2]]).main(cmd[3:])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) or e.code is None else 1
-    code = code or 0
-    if code and kwargs.get("check"):
-        raise subprocess.CalledProcessError(code, cmd)
-    return subprocess.CompletedProcess(cmd, code)
+def served_run(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run`` with the command served."""
+    return subprocess.run(ForkServer.served(cmd), **kwargs)
 
 
 def serve_tools(monkeypatch) -> None:
-    """Routes the tools' training commands (``stream_to_log`` in acl-fairseq-compare and
-    acl-fairseq-demo) through the ``ForkServer``, and runs the compare and sweep commands of
-    acl-fairseq-fewshot and the studies in this process (``run_in_process``)."""
+    """Serves the commands the tools start in the test process: the training commands of
+    acl-fairseq-compare and acl-fairseq-demo (``stream_to_log``), and the compare and sweep
+    commands of acl-fairseq-fewshot and the studies (``subprocess.run``)."""
     import types
 
     import studies.phases
@@ -367,7 +349,7 @@ def serve_tools(monkeypatch) -> None:
 
     for module in (run, cli):
         monkeypatch.setattr(module, "stream_to_log", served_stream_to_log)
-    served = types.SimpleNamespace(run=run_in_process)
+    served = types.SimpleNamespace(run=served_run)
     for module in (fewshot, studies.phases, studies.round2):
         monkeypatch.setattr(module, "subprocess", served)
 
