@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -207,17 +208,21 @@ def deployable(
     kinds: Sequence[str],
     target: deploy.DeployTarget,
     dev: str,
+    head_costs: dict[str, float] | None = None,
 ) -> tuple[dict[str, list[tuple[str, ExitPolicy]]], list[str]]:
     """Per system (a precision, or ``ORT_PROJECT``), ``[(label, policy chosen on dev)]`` for
-    each kind, and notes (the choices, and the targets a kind cannot meet)."""
+    each kind, and notes (the choices, and the targets a kind cannot meet); ``head_costs``:
+    a system's own ``--head-cost`` in place of the target's."""
     chosen: dict[str, list[tuple[str, ExitPolicy]]] = {}
     notes = []
     for dtype, model in models.items():
         exit_logits, targets = collect_exits(model, dev_batches, HEAD)
+        own = (head_costs or {}).get(dtype)
+        system_target = target if own is None else replace(target, head_cost=own)
         chosen[dtype] = []
         for kind in kinds:
             try:
-                choice = deploy.choose(kind, exit_logits, targets, target, split=dev)
+                choice = deploy.choose(kind, exit_logits, targets, system_target, split=dev)
             except TargetError as e:
                 notes.append(f"{dtype}, {kind}: {e}")
                 continue
@@ -322,6 +327,32 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
+def head_costs(text: str) -> tuple[float, dict[str, float]]:
+    """``--head-cost``: ``COST`` for every system, then ``SYSTEM=COST`` for one (a precision,
+    or ``ort`` for this project on ORT int8), e.g. ``0.08,int8=0.15,ort=0.15``."""
+    default, own = 0.0, {}
+    for item in (v.strip() for v in text.split(",")):
+        name, _, value = item.rpartition("=")
+        try:
+            cost = float(value)
+        except ValueError:
+            raise ValueError(f"--head-cost: {item!r} is not COST or SYSTEM=COST") from None
+        if not cost >= 0:
+            raise ValueError(f"--head-cost must be >= 0 layers, got {item!r}")
+        if name == "ort":
+            own[ORT_PROJECT] = cost
+        elif name:
+            try:
+                own[check_precision(name)] = cost
+            except ValueError:
+                raise ValueError(
+                    f"--head-cost: unknown system {name!r} (fp32, bf16, int8 or ort)"
+                ) from None
+        else:
+            default = cost
+    return default, own
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("checkpoint", help="multi-exit fairseq checkpoint")
@@ -331,7 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kinds", default="entropy,per_exit_entropy", help="policy kinds to deploy")
     p.add_argument("--max-accuracy-drop", type=float, default=1.0, help="their target (points)")
     p.add_argument("--constraint", choices=CONSTRAINTS, default=CONSTRAINTS[0])
-    p.add_argument("--head-cost", type=float, default=0.03, help="an exit head's cost in layers")
+    p.add_argument(
+        "--head-cost",
+        default="0.03",
+        help="an exit head's cost in layers at batch 1 (the sweep's --head-cost): COST, then\n"
+        "SYSTEM=COST for one system (fp32, bf16, int8, ort), e.g. 0.08,int8=0.15,ort=0.15",
+    )
     p.add_argument(
         "--policies", default="", help="more policies, as given, separated by spaces or ';'"
     )
@@ -360,10 +396,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = [k for k in kinds if k not in POLICIES]
         if unknown:
             raise ValueError(f"--kinds: unknown {unknown}; kinds: {', '.join(POLICIES)}")
+        default_cost, own_costs = head_costs(args.head_cost)
         target = deploy.DeployTarget(
             max_accuracy_drop=args.max_accuracy_drop,
             constraint=args.constraint,
-            head_cost=args.head_cost,
+            head_cost=default_cost,
         )
         target.check()
     except ValueError as e:
@@ -395,11 +432,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             on_ort = OrtEarlyExit(model, HEAD, ort_cache, "int8", None, loaded.fingerprint)
             systems[ORT_PROJECT] = on_ort
             ort_notes.append(f"{ORT_PROJECT}: segments in {on_ort.folder}")
-        chosen, notes = deployable(systems, dev_batches, kinds, target, args.dev)
+        chosen, notes = deployable(systems, dev_batches, kinds, target, args.dev, own_costs)
         preamble = [
             f"# inference anchors: {Path(args.checkpoint).name}, measured on {args.test}, "
             f"policies chosen on {args.dev} (--max-accuracy-drop {args.max_accuracy_drop:g}, "
-            f"--constraint {args.constraint})",
+            f"--constraint {args.constraint}, --head-cost {args.head_cost})",
             "",
             f"torch {torch.__version__}, transformers {transformers.__version__}; CPU "
             f"{os.cpu_count()} cores; HF anchor: BertModel ({args.hf_attention}) with the "

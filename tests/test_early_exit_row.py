@@ -20,10 +20,10 @@ from acl_fairseq.early_exit.policies import (
     PatiencePolicy,
     softmax_entropy,
 )
+from acl_fairseq.early_exit.row_decider import RowDecider
 from acl_fairseq.inference.precision import PRECISIONS, prepare_for_inference
 from acl_fairseq.models import early_exit_row
 from acl_fairseq.models.early_exit_loop import run_early_exit
-from acl_fairseq.models.early_exit_row import RowDecider
 
 from tiny_models import HEAD, LENGTHS, build_tiny, tiny_batch
 

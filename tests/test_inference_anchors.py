@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from acl_fairseq.early_exit.policies import parse_policy
+from acl_fairseq.inference.precision import prepare_for_inference
 from benchmarks import inference_anchors as anchors
 
 from tiny_models import HEAD, build_with_task, random_batch, train_tiny, write_dicts
@@ -78,7 +79,6 @@ def test_policies_chosen_on_dev_meet_the_target_there(tmp_path):
     from acl_fairseq.early_exit.calibrate import evaluate
     from acl_fairseq.early_exit.thresholds import collect_exits
     from acl_fairseq.inference.deploy import DeployTarget
-    from acl_fairseq.inference.precision import prepare_for_inference
 
     model, task = build_with_task(write_dicts(tmp_path))
     model = train_tiny(model, task, steps=40)
@@ -95,6 +95,35 @@ def test_policies_chosen_on_dev_meet_the_target_there(tmp_path):
             assert label.endswith("chosen on dev")
             result = evaluate(exit_logits, targets, policy)
             assert result.agreement >= 98.0 - 1e-9 and result.mean_exit_layer < 4.0
+
+
+def test_head_cost_per_system():
+    assert anchors.head_costs("0.03") == (0.03, {})
+    default, own = anchors.head_costs("0.08, int8=0.15,ort=0.2")
+    assert default == 0.08 and own == {"int8": 0.15, anchors.ORT_PROJECT: 0.2}
+    for bad, match in [("int4=0.1", "unknown system 'int4'"), ("int8=x", "not COST"),
+                       ("-1", ">= 0")]:  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            anchors.head_costs(bad)
+
+
+def test_a_system_own_head_cost_leaves_out_exits_that_do_not_pay(tmp_path):
+    """``deployable`` with ``{system: cost}``: that system's per-exit policy is chosen at its
+    own head cost (fewer exits evaluated), the others at the target's."""
+    from acl_fairseq.inference.deploy import DeployTarget
+
+    model, task = build_with_task(write_dicts(tmp_path))
+    model = train_tiny(model, task, steps=40)
+    tokens, labels = random_batch(task, 96, seed=4)
+    dev = [(tokens[i : i + 32], labels[i : i + 32]) for i in range(0, 96, 32)]
+    models = {"fp32": model, "int8": prepare_for_inference(copy.deepcopy(model), "int8")}
+    target = DeployTarget(max_accuracy_drop=2.0)
+    kinds = ["per_exit_entropy"]
+    plain, _ = anchors.deployable(models, dev, kinds, target, "dev")
+    costly, _ = anchors.deployable(models, dev, kinds, target, "dev", {"int8": 1.0})
+    exits = {d: len(c[0][1].exits((1, 2, 3))) for d, c in costly.items()}
+    assert costly["fp32"][0][1] == plain["fp32"][0][1]
+    assert len(plain["int8"][0][1].exits((1, 2, 3))) == 3 and exits["int8"] < 3
 
 
 @pytest.mark.slow

@@ -151,6 +151,7 @@ def test_never_exits_runs_one_full_depth_session(tiny_built, tmp_path):
 
 
 def test_a_single_unpadded_row_needs_no_row_bookkeeping(ort, monkeypatch):
+    """One unpadded row: no RunningRows, the built-in kind decided on the host."""
     model, task, runner = ort
     tokens, rows = tiny_batch(task, MORE_LENGTHS)
     policy = _policies(model, tokens)["entropy"]
@@ -158,9 +159,18 @@ def test_a_single_unpadded_row_needs_no_row_bookkeeping(ort, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("row bookkeeping for one unpadded row")
 
+    decided = []
+
+    class Counting(onnx_runtime.RowDecider):
+        def leave(self, logits):
+            decided.append(self.hosted)
+            return super().leave(logits)
+
     monkeypatch.setattr(onnx_runtime, "RunningRows", refuse)
+    monkeypatch.setattr(onnx_runtime, "RowDecider", Counting)
     for row in rows:
         assert_same(runner, model, row.unsqueeze(0), policy)
+    assert len(decided) >= len(rows) and all(decided)  # on the host, as the torch batch-1 path
     with pytest.raises(AssertionError, match="row bookkeeping"):
         runner.early_exit(tokens, policy)
 

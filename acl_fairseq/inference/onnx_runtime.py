@@ -14,7 +14,8 @@ time are dynamic axes.
 segment (``fp32``, or ``int8``: ``quantize_dynamic`` with int8 weights per channel): the policy
 decides on torch tensors over the sessions' outputs, and the row bookkeeping is the torch
 loop's own (``early_exit.running_rows``). A policy that never exits runs one full-depth
-session; one unpadded row runs without row bookkeeping. The fairseq model is the reference the
+session; one unpadded row runs without row bookkeeping and decides on the host, as the torch
+loop's batch-1 path (``early_exit.row_decider``). The fairseq model is the reference the
 tests compare it with.
 
 Exported files are cached under the folder given, in a folder named by the model's content
@@ -39,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from ..early_exit.policies import ExitPolicy, as_policy
+from ..early_exit.row_decider import RowDecider
 from ..early_exit.running_rows import EarlyExitResult, RunningRows
 from ..errors import AclFairseqError, AclValueError
 from .precision import model_precision
@@ -311,14 +313,11 @@ class OrtEarlyExit:
         has_pads = bool(padding_mask.any())
         x, mask = tokens.numpy(), padding_mask.numpy()
         if len(segments) == 1 or (bsz == 1 and not has_pads):  # no row bookkeeping
-            state = policy.init_state(bsz)
+            decider = RowDecider(policy, tokens.device)  # one row (or full depth: unused)
             for layer, session in segments:
                 *hidden, logits = session.run(None, {"x": x, "padding_mask": mask})
                 scores = torch.from_numpy(logits)
-                if layer == self.num_layers:
-                    break
-                leaves, state = policy.decide(scores, state)
-                if bool(leaves):  # one row here
+                if layer == self.num_layers or decider.leave(scores):
                     break
                 x = hidden[0]
             layers = torch.full((bsz,), layer, dtype=torch.long)
