@@ -1,7 +1,8 @@
 """This project's inference against the anchors a user would pick, in one run.
 
 On a multi-exit checkpoint and its data folder, at ``--batch-sizes`` (1, 32) and ``--threads``
-(1, 2), every system classifies the same ``--test`` sentences:
+(1; one count per run with ONNX Runtime, whose sessions share one thread pool per process),
+every system classifies the same ``--test`` sentences:
 
 * **HF fp32**: Hugging Face ``transformers`` ``BertModel`` (its default attention, SDPA; or
   ``--hf-attention eager``) carrying *the checkpoint's own fine-tuned weights* (mapped back
@@ -19,9 +20,10 @@ On a multi-exit checkpoint and its data folder, at ``--batch-sizes`` (1, 32) and
   within ``--max-accuracy-drop`` read per ``--constraint``, as ``acl-fairseq-sweep``
   deploys it), plus any ``--policies`` given as they are.
 * **this project on ORT int8**: the same early-exit loop on ONNX Runtime int8 segments of the
-  model (``acl_fairseq.inference.onnx_runtime``), full depth and its own policies chosen on
-  ``--dev`` the same way (from its own exits' logits); skipped with ORT int8. The segments are
-  cached in ``--ort-cache`` (default: a temporary folder).
+  model (``acl_fairseq.inference.onnx_runtime``, its sessions on the process's thread pool as
+  ``acl-fairseq-predict`` runs them), full depth and its own policies chosen on ``--dev`` the
+  same way (from its own exits' logits); skipped with ORT int8. The segments are cached in
+  ``--ort-cache`` (default: a temporary folder).
 
 Columns: accuracy, agreement with this project's fp32 full-depth predictions, mean exit layer,
 milliseconds per sentence (median of ``--rounds`` interleaved rounds over the split, after an
@@ -30,7 +32,7 @@ speed-up over HF fp32 (median of the per-round ratios). Timings mean something o
 machine; ``--out FILE.md`` / ``FILE.csv`` writes the table::
 
     OMP_NUM_THREADS=2 python -m benchmarks.inference_anchors CKPT DATA --rounds 5 \\
-        --out anchors.md
+        --threads 2 --out anchors-2.md
     python -m benchmarks.inference_anchors CKPT DATA --max-examples 64 --rounds 1   # smoke run
 """
 
@@ -373,7 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dtypes", default="fp32,bf16,int8")
     p.add_argument("--batch-sizes", default="1,32")
-    p.add_argument("--threads", default="1,2")
+    p.add_argument(
+        "--threads", default="1", help="torch and ONNX Runtime threads (several: --no-ort)"
+    )
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (0: no timing)")
     p.add_argument("--max-examples", type=int, help="first N sentences of each split")
     p.add_argument("--hf-attention", default="sdpa", choices=("sdpa", "eager"))
@@ -392,6 +396,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         extra = [(s, parse_policy(s)) for s in args.policies.replace(";", " ").split() if s]
         dtypes = [check_precision(d) for d in args.dtypes.split(",") if d.strip()]
+        threads = _ints(args.threads)
+        if len(threads) != 1 and not args.no_ort:
+            raise ValueError(
+                "--threads: one count per run with ONNX Runtime (its sessions share the "
+                "process's thread pool, one size per process): run once per count, or --no-ort"
+            )
         kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
         unknown = [k for k in kinds if k not in POLICIES]
         if unknown:
@@ -429,7 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ort_notes.append(note)
         ort_cache = args.ort_cache or Path(tmp)
         if ort_path is not None:  # this project's loop on ORT int8 segments of the fp32 model
-            on_ort = OrtEarlyExit(model, HEAD, ort_cache, "int8", None, loaded.fingerprint)
+            on_ort = OrtEarlyExit(
+                model, HEAD, ort_cache, "int8", threads[0], loaded.fingerprint, shared_pool=True
+            )
             systems[ORT_PROJECT] = on_ort
             ort_notes.append(f"{ORT_PROJECT}: segments in {on_ort.folder}")
         chosen, notes = deployable(systems, dev_batches, kinds, target, args.dev, own_costs)
@@ -444,15 +456,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             *[f"- {n}" for n in notes],
             *ort_notes,
         ]
-        for threads in _ints(args.threads):
-            torch.set_num_threads(threads)
+        for count in threads:
+            torch.set_num_threads(count)
             configs = [Config(f"HF fp32 ({args.hf_attention})", "full depth", hf_runner(anchor))]
             if ort_path is not None:
-                ort = ort_runner(ort_path, threads, pad, model.num_layers)
+                ort = ort_runner(ort_path, count, pad, model.num_layers)
                 configs.append(Config("ORT int8", "full depth", ort))
-                systems[ORT_PROJECT] = OrtEarlyExit(  # its sessions at this thread count
-                    model, HEAD, ort_cache, "int8", threads, loaded.fingerprint
-                )
             for name, system in systems.items():
                 configs.append(Config(name, "full depth", project_runner(system, None)))
                 for label, policy in chosen[name] + extra:
@@ -462,8 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for size in _ints(args.batch_sizes):
                 batches = batches_of(task, args.test, size, args.max_examples, pad)
                 for row in measure(configs, batches, args.rounds):
-                    rows.append({"batch": size, "threads": threads, **row})
-                print(f"[anchors] batch {size}, {threads} threads done", file=sys.stderr)
+                    rows.append({"batch": size, "threads": count, **row})
+                print(f"[anchors] batch {size}, {count} threads done", file=sys.stderr)
     print("\n".join([*preamble, "", *format_rows(rows)]))
     if args.out:
         write_rows(rows, args.out, preamble)

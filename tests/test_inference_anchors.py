@@ -107,6 +107,12 @@ def test_head_cost_per_system():
             anchors.head_costs(bad)
 
 
+def test_one_thread_count_per_run_with_onnx_runtime(capsys):
+    with pytest.raises(SystemExit) as stop:
+        anchors.main(["ckpt.pt", "data", "--threads", "1,2"])
+    assert stop.value.code == 2 and "one count per run with ONNX Runtime" in capsys.readouterr().err
+
+
 def test_a_system_own_head_cost_leaves_out_exits_that_do_not_pay(tmp_path):
     """``deployable`` with ``{system: cost}``: that system's per-exit policy is chosen at its
     own head cost (fewer exits evaluated), the others at the target's."""

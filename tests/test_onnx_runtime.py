@@ -7,6 +7,7 @@ test of ``acl-fairseq-predict --backend onnxruntime`` is in test_predict.py."""
 from __future__ import annotations
 
 import copy
+import subprocess
 import sys
 
 import pytest
@@ -173,6 +174,49 @@ def test_a_single_unpadded_row_needs_no_row_bookkeeping(ort, monkeypatch):
     assert len(decided) >= len(rows) and all(decided)  # on the host, as the torch batch-1 path
     with pytest.raises(AssertionError, match="row bookkeeping"):
         runner.early_exit(tokens, policy)
+
+
+POOL_SCRIPT = """
+import sys
+from acl_fairseq.inference import onnx_runtime as O
+path = sys.argv[1]
+def own(session):
+    return session.get_session_options().use_per_session_threads
+assert O.global_pool() is None and own(O.ort_session(path, 2))  # no pool yet: its own threads
+assert not own(O.ort_session(path, 2, shared=True)) and O.global_pool() == 2
+assert O.global_pool(1) == 2  # made once, size fixed
+assert not own(O.ort_session(path, 1))  # every later session on the pool (ONNX Runtime's rule)
+print("pool ok")
+"""
+
+
+def test_segments_share_the_process_thread_pool(ort, monkeypatch):
+    """``shared_pool``: the segments' sessions on the process's global thread pool (made
+    by the first one); without it, each its own threads. In a fresh process: the pool is one
+    per process and changes every session made after it."""
+    model, task, runner = ort
+    path = runner.segment_file(1, model.num_layers)
+    if onnx_runtime.global_pool() is None:  # this process: no pool made by the tests
+        runner.prepare(PatiencePolicy(1))
+        assert all(
+            s.get_session_options().use_per_session_threads for s in runner._sessions.values()
+        )
+    done = subprocess.run(
+        [sys.executable, "-c", POOL_SCRIPT, str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "pool ok" in done.stdout, done.stderr[-2000:]
+    asked = []
+
+    def recording(path, threads, spinning=True, shared=False):
+        asked.append((threads, spinning, shared))
+        return real(path, threads, spinning, shared=False)  # no pool in this process
+
+    real = onnx_runtime.ort_session
+    monkeypatch.setattr(onnx_runtime, "ort_session", recording)
+    OrtEarlyExit(model, HEAD, runner.folder.parent, threads=3, shared_pool=True).prepare(
+        PatiencePolicy(1)
+    )
+    assert asked and set(asked) == {(3, False, True)}
 
 
 def test_int8_runs_and_agrees_with_fp32(ort):

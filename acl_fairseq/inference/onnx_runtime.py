@@ -11,12 +11,12 @@ last segment ends at the final layer with the final head and outputs ``logits`` 
 time are dynamic axes.
 
 ``OrtEarlyExit`` runs ``run_early_exit``'s loop on one ``onnxruntime.InferenceSession`` per
-segment (``fp32``, or ``int8``: ``quantize_dynamic`` with int8 weights per channel): the policy
-decides on torch tensors over the sessions' outputs, and the row bookkeeping is the torch
-loop's own (``early_exit.running_rows``). A policy that never exits runs one full-depth
+segment (``fp32``, or ``int8``: ``quantize_dynamic`` with int8 weights per channel): the
+policy decides on torch tensors over the sessions' outputs, and the row bookkeeping is the
+torch loop's own (``early_exit.running_rows``). A policy that never exits runs one full-depth
 session; one unpadded row runs without row bookkeeping and decides on the host, as the torch
-loop's batch-1 path (``early_exit.row_decider``). The fairseq model is the reference the
-tests compare it with.
+loop's batch-1 path (``early_exit.row_decider``). The fairseq model is the reference the tests
+compare it with.
 
 Exported files are cached under the folder given, in a folder named by the model's content
 fingerprint (``saved_policy.model_fingerprint``), its head and the export format; one file per
@@ -54,6 +54,7 @@ __all__ = [
     "OrtEarlyExit",
     "export_onnx",
     "export_segment",
+    "global_pool",
     "ort_session",
     "quantize_int8",
     "require_onnxruntime",
@@ -117,17 +118,45 @@ def quantize_int8(source: Path, target: Path) -> None:
         logging.disable(previous)
 
 
-def ort_session(path: Path, threads: int, spinning: bool = True) -> Any:
+_GLOBAL_POOL: list[int] = []
+"""The intra-op threads of this process's global ONNX Runtime thread pool once made (0: made
+by another caller, size unknown)."""
+
+
+def global_pool(threads: int | None = None) -> int | None:
+    """The intra-op threads of this process's global ONNX Runtime thread pool, or None while it
+    is not made; ``threads``: make it with that many if not yet made. One pool per process, its
+    size fixed once made, and every session made after it runs on it (ONNX Runtime's rule)."""
+    if threads is not None and not _GLOBAL_POOL:
+        ort = require_onnxruntime()
+        try:
+            ort.capi._pybind_state.set_global_thread_pool_sizes(threads, 1)
+            _GLOBAL_POOL.append(threads)
+        except AttributeError:  # an ONNX Runtime without the call: per-session threads
+            pass
+        except RuntimeError:  # already made by another caller
+            _GLOBAL_POOL.append(0)
+    return _GLOBAL_POOL[0] if _GLOBAL_POOL else None
+
+
+def ort_session(path: Path, threads: int, spinning: bool = True, shared: bool = False) -> Any:
     """An ``InferenceSession`` of ``path`` on the CPU: ``threads`` intra-op threads, one
-    inter-op thread, every graph optimization. ``spinning=False``: the session's idle threads
-    sleep instead of spinning (sessions run one after the other, as the segments do, would
-    otherwise take each other's cores)."""
+    inter-op thread, every graph optimization; ``spinning=False``: its idle threads sleep
+    (sessions run one after the other would otherwise take each other's cores).
+
+    ``shared``: on the process's global thread pool (``global_pool``, made with ``threads``
+    threads on first use), which sessions run one after the other, as the segments are, use
+    without waking or fighting each other's threads. Once the pool is made, every session runs
+    on it, at its size."""
     ort = require_onnxruntime()
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    if not spinning:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if global_pool(threads if shared else None) is not None:
+        options.use_per_session_threads = False
+    else:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        if not spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
@@ -188,7 +217,10 @@ class OrtEarlyExit:
     ONNX Runtime sessions of its segments at ``dtype`` (``fp32`` or ``int8``), head group
     ``head``; files cached under ``folder``; ``threads``: each session's intra-op threads
     (default ``torch.get_num_threads()``); ``fingerprint``: the checkpoint's
-    ``model_fingerprint`` (``Loaded.fingerprint``; default: that of ``model.state_dict()``).
+    ``model_fingerprint`` (``Loaded.fingerprint``; default: that of ``model.state_dict()``);
+    ``shared_pool``: the sessions on the process's global thread pool (``ort_session``):
+    faster at batch 1 on several threads, but every ONNX Runtime session made in the process
+    afterwards runs on that pool (a command's own process, not a library call's).
 
     It offers the model's inference calls: ``early_exit``, ``exit_outputs`` and
     ``runner(tokens)[0]`` (full-depth logits). Segments are exported and their sessions made
@@ -203,6 +235,7 @@ class OrtEarlyExit:
         dtype: str = "fp32",
         threads: int | None = None,
         fingerprint: str | None = None,
+        shared_pool: bool = False,
     ) -> None:
         require_onnxruntime()
         if dtype not in ORT_DTYPES:
@@ -223,6 +256,7 @@ class OrtEarlyExit:
         self.shallow_exit_layers: tuple[int, ...] = tuple(model.shallow_exit_layers)
         self.pad = int(model.encoder.sentence_encoder.padding_idx)
         self.threads = threads or torch.get_num_threads()
+        self.shared_pool = shared_pool
         fingerprint = fingerprint or model_fingerprint(model.state_dict())
         pooling = self.heads[self.num_layers].pooling
         key = json.dumps([fingerprint, head, pooling, FORMAT, OPSET])
@@ -258,7 +292,9 @@ class OrtEarlyExit:
         for last in [*exits, self.num_layers]:
             if (first, last) not in self._sessions:
                 path = self.segment_file(first, last)
-                self._sessions[first, last] = ort_session(path, self.threads, spinning=False)
+                self._sessions[first, last] = ort_session(
+                    path, self.threads, spinning=False, shared=self.shared_pool
+                )
             out.append((last, self._sessions[first, last]))
             first = last + 1
         return out

@@ -280,7 +280,9 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     policy, pad = choice.policy, encoder.dictionary.pad()
     if ort:
         cache = args.onnx_cache or Path(args.checkpoint).parent / ONNX_CACHE
-        model = OrtEarlyExit(model, args.head, cache, loaded.dtype, None, loaded.fingerprint)
+        model = OrtEarlyExit(  # this command's process: the sessions share one thread pool
+            model, args.head, cache, loaded.dtype, None, loaded.fingerprint, shared_pool=True
+        )
         if policy is not None:
             model.prepare(policy)  # exported once, untimed
         stderr.write(f"{PROG}: backend: onnxruntime, segments in {model.folder}\n")
