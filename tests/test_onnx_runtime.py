@@ -219,6 +219,33 @@ def test_segments_share_the_process_thread_pool(ort, monkeypatch):
     assert asked and set(asked) == {(3, False, True)}
 
 
+def test_the_bookkeeping_runs_on_one_torch_thread(ort, monkeypatch):
+    """torch's own threads would take the sessions' cores: its small ops run on one thread
+    inside ``early_exit``, and the caller's thread count is restored after."""
+    model, task, runner = ort
+    tokens, _ = tiny_batch(task, MORE_LENGTHS)
+    policy = _policies(model, tokens)["entropy"]
+    seen = []
+    at_exit = onnx_runtime.RunningRows.at_exit
+
+    def recording(self, layer, logits):
+        seen.append(torch.get_num_threads())
+        return at_exit(self, layer, logits)
+
+    monkeypatch.setattr(onnx_runtime.RunningRows, "at_exit", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert_same(runner, model, tokens, policy)  # the torch loop, then the runner
+        assert 2 in seen  # the torch loop's own bookkeeping at the caller's count
+        first = len(seen)
+        runner.early_exit(tokens, policy)
+        assert len(seen) > first and set(seen[first:]) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_int8_runs_and_agrees_with_fp32(ort):
     model, task, runner = ort
     int8 = OrtEarlyExit(model, HEAD, runner.folder.parent, "int8", threads=1)

@@ -30,7 +30,8 @@ import hashlib
 import json
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -159,6 +160,20 @@ def ort_session(path: Path, threads: int, spinning: bool = True, shared: bool = 
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread inside the block, its thread count restored after."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class _Segment(nn.Module):
@@ -340,11 +355,17 @@ class OrtEarlyExit:
         **unused: Any,
     ) -> EarlyExitResult:
         """``run_early_exit`` on the sessions: ``src_tokens`` B x T -> ``EarlyExitResult(
-        predictions B, exit_layers B, logits B x K)``."""
+        predictions B, exit_layers B, logits B x K)``. The policy's and the bookkeeping's small
+        torch ops run on one torch thread: torch's idle threads would take the sessions' cores."""
         self._check_head(classification_head_name)
         policy = as_policy(policy)
         segments = self.segments(self.exits_of(policy))
-        tokens = src_tokens.cpu()
+        with one_torch_thread():
+            return self._early_exit(src_tokens.cpu(), policy, segments)
+
+    def _early_exit(
+        self, tokens: Tensor, policy: ExitPolicy, segments: list[tuple[int, Any]]
+    ) -> EarlyExitResult:
         bsz, padding_mask = tokens.size(0), tokens.eq(self.pad)  # B x T
         has_pads = bool(padding_mask.any())
         x, mask = tokens.numpy(), padding_mask.numpy()
@@ -366,6 +387,6 @@ class OrtEarlyExit:
                 break
             x = outs[0]
             if keep is not None:  # some rows left: keep the others (and their width)
-                x = torch.from_numpy(x).index_select(1, keep)[: running.width].numpy()
+                x = np.take(x, keep.numpy(), axis=1)[: running.width]  # no torch threads
                 mask = np.ascontiguousarray(running.padding_mask.numpy())
         return running.result()
