@@ -18,6 +18,10 @@ every row staying to the last layer, so the ratio is the exits' cost alone:
 * ``all exits, bf16 heads`` / ``int8 heads`` (fp32 encoder only): only the shallow heads'
   ``dense`` in low precision (``benchmarks.exit_heads``).
 
+``--dtypes ...,ort`` adds the ONNX Runtime backend's int8 segments (``inference.onnx_runtime``;
+plain: its one full-depth session; an exit: the end of a segment and its head in the graph,
+then the decision).
+
 The precisions are ``--dtypes`` (``prepare_for_inference``: the heads go with the encoder).
 The last row is the measured head cost in layers, ``(all exits - plain) / exits / (plain /
 layers)``: the ``--head-cost`` to give ``acl-fairseq-sweep``. The goal: at most 3% with
@@ -64,6 +68,7 @@ from benchmarks.common import (
 )
 from benchmarks.exit_heads import prepare_exit_heads
 
+ORT = "ort"  # the ONNX Runtime backend's int8 segments, beside the torch precisions
 NOBODY = 1e-30  # an entropy threshold no row passes: every exit evaluated, nobody leaves
 PLAIN = "plain forward"
 GENERAL = "all exits, general loop (no batch-1 path: before)"
@@ -97,15 +102,22 @@ def checkpoint_model(checkpoint: str, data: str, split: str) -> tuple[Any, list[
     return model, rows
 
 
-def variants(model: Any, dtype: str) -> dict[str, tuple[Any, ExitPolicy | None]]:
-    """``{name: (model, policy or None for the plain forward)}`` at encoder ``dtype``."""
-    base = prepare_for_inference(copy.deepcopy(model), dtype)
+def variants(model: Any, dtype: str, onnx_folder: Path) -> dict[str, tuple[Any, ExitPolicy | None]]:
+    """``{name: (model, policy or None for the plain forward)}`` at encoder ``dtype``; ``ort``:
+    the ONNX Runtime backend's int8 segments (plain: one full-depth session)."""
+    if dtype == ORT:
+        from acl_fairseq.inference.onnx_runtime import OrtEarlyExit
+
+        base = OrtEarlyExit(model, HEAD, onnx_folder, "int8", shared_pool=True)
+    else:
+        base = prepare_for_inference(copy.deepcopy(model), dtype)
     shallow = base.shallow_exit_layers
     out: dict[str, tuple[Any, ExitPolicy | None]] = {
         PLAIN: (base, None),
         f"all {len(shallow)} exits": (base, EntropyPolicy(NOBODY)),
-        GENERAL: (base, EntropyPolicy(NOBODY)),
     }
+    if dtype != ORT:
+        out[GENERAL] = (base, EntropyPolicy(NOBODY))
     half = tuple(layer for layer in shallow if layer % 2 == 0)
     if half and half != shallow:
         policy = PerExitEntropyPolicy(half, (NOBODY,) * len(half))
@@ -152,13 +164,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--split", default="test")
     p.add_argument("--pooling", choices=("first", "mean"), default="first", help="random model")
     p.add_argument("--length", type=int, default=20, help="random model: tokens per sentence")
-    p.add_argument("--dtypes", default="fp32,bf16,int8", help="encoder precisions")
+    p.add_argument(
+        "--dtypes",
+        default="fp32,bf16,int8",
+        help="encoder precisions; ort: the ONNX Runtime backend's int8 segments",
+    )
     p.add_argument("--rows", type=int, default=24, help="sentences per round")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads")
     args = p.parse_args(argv)
     try:
-        dtypes = [check_precision(d) for d in args.dtypes.split(",") if d.strip()]
+        dtypes = [
+            d.strip() if d.strip() == ORT else check_precision(d)
+            for d in args.dtypes.split(",")
+            if d.strip()
+        ]
     except ValueError as e:
         p.error(str(e))
     logging.getLogger("fairseq").setLevel(logging.WARNING)
@@ -179,27 +199,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cells: dict[str, dict[str, str]] = {}
     summary: dict[str, dict[str, str]] = {}  # printed after the variants
-    for dtype in dtypes:
-        cases = variants(model, dtype)
-        jobs = {name: job(m, p, rows, name == GENERAL) for name, (m, p) in cases.items()}
-        with torch.inference_mode():
-            times = interleaved(jobs, args.rounds)
-        plain = times[PLAIN]
-        cells.setdefault(f"{PLAIN}, ms / sentence", {})[dtype] = (
-            f"{1000 * statistics.median(plain) / len(rows):.2f}"
-        )
-        for name in cases:
-            if name == PLAIN:
-                continue
-            ratio = statistics.median(s / q for s, q in zip(times[name], plain))
-            cells.setdefault(name, {})[dtype] = f"{100 * (ratio - 1):+.1f}%"
-            if name.startswith("all") and "heads" not in name and name != GENERAL:
-                evaluated = len(model.shallow_exit_layers)
-                head = (ratio - 1) * model.num_layers / evaluated
-                summary.setdefault("head cost, layers (--head-cost)", {})[dtype] = f"{head:.3f}"
-                verdict = "met" if ratio - 1 <= GOAL_OVERHEAD else "NOT met"
-                goal = f"goal: all exits <= {100 * GOAL_OVERHEAD:.0f}%"
-                summary.setdefault(goal, {})[dtype] = verdict
+    with tempfile.TemporaryDirectory() as onnx_folder:  # ort: the exported segments
+        for dtype in dtypes:
+            cases = variants(model, dtype, Path(onnx_folder))
+            jobs = {name: job(m, p, rows, name == GENERAL) for name, (m, p) in cases.items()}
+            with torch.inference_mode():
+                times = interleaved(jobs, args.rounds)
+            plain = times[PLAIN]
+            cells.setdefault(f"{PLAIN}, ms / sentence", {})[dtype] = (
+                f"{1000 * statistics.median(plain) / len(rows):.2f}"
+            )
+            for name in cases:
+                if name == PLAIN:
+                    continue
+                ratio = statistics.median(s / q for s, q in zip(times[name], plain))
+                cells.setdefault(name, {})[dtype] = f"{100 * (ratio - 1):+.1f}%"
+                if name.startswith("all") and "heads" not in name and name != GENERAL:
+                    evaluated = len(model.shallow_exit_layers)
+                    head = (ratio - 1) * model.num_layers / evaluated
+                    summary.setdefault("head cost, layers (--head-cost)", {})[dtype] = f"{head:.3f}"
+                    verdict = "met" if ratio - 1 <= GOAL_OVERHEAD else "NOT met"
+                    goal = f"goal: all exits <= {100 * GOAL_OVERHEAD:.0f}%"
+                    summary.setdefault(goal, {})[dtype] = verdict
     print("| variant | " + " | ".join(dtypes) + " |")
     print("|---|" + "---|" * len(dtypes))
     for name, by_dtype in {**cells, **summary}.items():
