@@ -504,3 +504,55 @@ def test_onnxruntime_backend_equals_the_fairseq_backend(trained, tmp_path, monke
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # not installed
     code, _, err = run_predict(ckpt, "--backend", "onnxruntime", stdin="x")
     assert code == 2 and INSTALL in err and err.startswith("acl-fairseq-predict: error:")
+
+
+def test_a_policy_swept_on_onnxruntime_runs_there_by_default(trained, tmp_path, monkeypatch):
+    """``acl-fairseq-sweep --backend onnxruntime``: the policy is chosen on the segments' own
+    exits (what ``deploy.choose`` gives on them), the file records the backend, and predict
+    runs it there without ``--backend``; ``--backend fairseq`` still overrides it."""
+    from acl_fairseq.cli.sweep import main as sweep_main
+    from acl_fairseq.early_exit.policies import parse_policy
+    from acl_fairseq.early_exit.thresholds import collect_exits
+    from acl_fairseq.inference import deploy
+    from acl_fairseq.inference.onnx_runtime import OrtEarlyExit
+
+    ckpt = tmp_path / "model" / trained["ckpt"].name
+    ckpt.parent.mkdir()
+    shutil.copy(trained["ckpt"], ckpt)
+    flags = ["--split", "valid", "--policy", "per_exit_entropy", "--max-accuracy-drop", "10",
+             "--repeats", "0", "--batch-sizes", "8", "--cpu", "--dtypes", "int8"]  # fmt: skip
+    passes = []
+    exit_outputs = OrtEarlyExit.exit_outputs
+
+    def counted(self, *args, **kwargs):
+        passes.append(self.dtype)
+        return exit_outputs(self, *args, **kwargs)
+
+    monkeypatch.setattr(OrtEarlyExit, "exit_outputs", counted)
+    assert sweep_main([str(ckpt), str(trained["data"]), "--backend", "onnxruntime", *flags]) == 0
+    assert passes and set(passes) == {"int8"}  # chosen on the segments' own exits
+    monkeypatch.undo()
+    record = json.loads((ckpt.parent / "early_exit_policy.json").read_text())
+    assert record["backend"] == "onnxruntime" and record["dtype"] == "int8"
+    loaded = load_for_inference(ckpt, trained["data"], fingerprint=True)
+    segments = OrtEarlyExit(loaded.model, DEFAULT_HEAD, ckpt.parent / "onnx_runtime", "int8")
+    batches = load_batches(loaded.task, "valid", 8)
+    exit_logits, targets = collect_exits(segments, batches, DEFAULT_HEAD)
+    target = deploy.DeployTarget(max_accuracy_drop=10.0, head_cost=0.03)
+    own = deploy.choose("per_exit_entropy", exit_logits, targets, target).policy
+    assert parse_policy(record["policy"]) == own
+
+    text = "".join(f"{row[0]}\n" for row in trained["rows"])
+    code, by_default, err = run_predict(ckpt, "--batch-size", "5", stdin=text)
+    assert code == 0 and "backend: onnxruntime" in err and "dtype: int8" in err, err
+    assert "backend onnxruntime" in err  # the saved policy's description
+    ort = ["--backend", "onnxruntime", "--dtype", "int8", "--policy", own.spec]
+    code, asked, err = run_predict(ckpt, "--batch-size", "5", *ort, stdin=text)
+    assert code == 0 and asked == by_default, err
+    code, _, err = run_predict(ckpt, "--batch-size", "5", "--backend", "fairseq", stdin=text)
+    assert code == 0 and "backend: onnxruntime" not in err, err
+
+    with pytest.raises(SystemExit) as stop:
+        sweep_main([str(ckpt), str(trained["data"]), "--backend", "onnxruntime",
+                    *flags[:-1], "bf16"])  # fmt: skip
+    assert stop.value.code == 2

@@ -48,7 +48,9 @@ from .precision import model_precision
 from .saved_policy import model_fingerprint
 
 __all__ = [
+    "BACKENDS",
     "INSTALL",
+    "ONNX_CACHE",
     "ORT_DTYPES",
     "ExitLogits",
     "OnnxRuntimeMissing",
@@ -63,6 +65,10 @@ __all__ = [
 
 INSTALL = "pip install onnxruntime onnx onnxscript"
 ORT_DTYPES = ("fp32", "int8")
+BACKENDS = ("fairseq", "onnxruntime")
+"""What runs a model in the tools' ``--backend``: torch (fairseq), or this module."""
+ONNX_CACHE = "onnx_runtime"
+"""The tools' default cache of exported segments, a folder next to the checkpoint."""
 OPSET = 17
 FORMAT = 1
 """The segments' graph format: cached files of another format are not reused."""

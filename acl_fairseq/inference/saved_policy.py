@@ -90,7 +90,7 @@ class SavedPolicy:
         present; the target and split of ``chosen_by`` in newer files)."""
         chosen = self.fields.get("chosen_by") or {}
         values = {"dtype": self.dtype, **chosen, **self.fields}
-        keys = ("dtype", "target", "constraint", "split", "accuracy", "layer_speedup")
+        keys = ("dtype", "backend", "target", "constraint", "split", "accuracy", "layer_speedup")
         return ", ".join(f"{k} {values[k]}" for k in keys if k in values)
 
     def for_dtype(self, dtype: str) -> ExitPolicy | None:

@@ -45,14 +45,18 @@ from acl_fairseq.cli.predict.inputs import (
 from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
 from acl_fairseq.inference.loader import Loaded, load_for_inference
-from acl_fairseq.inference.onnx_runtime import ORT_DTYPES, OrtEarlyExit, require_onnxruntime
+from acl_fairseq.inference.onnx_runtime import (
+    BACKENDS,
+    ONNX_CACHE,
+    ORT_DTYPES,
+    OrtEarlyExit,
+    require_onnxruntime,
+)
 from acl_fairseq.inference.precision import PRECISIONS
-from acl_fairseq.inference.saved_policy import POLICY_FILE, policy_path
+from acl_fairseq.inference.saved_policy import POLICY_FILE, policy_path, read_policy
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 PROG = "acl-fairseq-predict"
-BACKENDS = ("fairseq", "onnxruntime")
-ONNX_CACHE = "onnx_runtime"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,10 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--backend",
         choices=BACKENDS,
-        default="fairseq",
         help="what runs the model: fairseq (torch), or onnxruntime (the same early-exit loop on "
         "ONNX Runtime sessions of the model's segments, --dtype fp32 or int8, CPU; pip install "
-        "onnxruntime onnx onnxscript)",
+        "onnxruntime onnx onnxscript) (default: the saved policy's backend, else fairseq)",
     )
     p.add_argument(
         "--onnx-cache",
@@ -181,6 +184,21 @@ def requested_policy(spec: str | None, checkpoint: str) -> ExitPolicy | str | No
         raise PredictError(f"--policy: {e}") from None
 
 
+def backend_of(asked: str | None, requested: ExitPolicy | str | None, checkpoint: str) -> str:
+    """``--backend``, else the saved policy's (``acl-fairseq-sweep --backend``) when that
+    policy is the one asked for (``--policy saved`` or none), else fairseq."""
+    if asked is not None:
+        return asked
+    if requested not in (None, "saved"):
+        return BACKENDS[0]
+    try:
+        saved = read_policy(checkpoint)
+    except ValueError:  # the loader names the bad file
+        return BACKENDS[0]
+    backend = saved.fields.get("backend") if saved is not None else None
+    return backend if backend in BACKENDS else BACKENDS[0]
+
+
 def choose_policy(requested: ExitPolicy | str | None, loaded: Loaded) -> PolicyChoice:
     """What runs, from ``requested_policy`` and the loaded checkpoint: the saved policy only
     when it was chosen on these weights (else ``--policy saved`` is refused, and the default
@@ -222,7 +240,7 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     requested = requested_policy(args.policy, args.checkpoint)
     if not Path(args.checkpoint).is_file():
         raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
-    ort = args.backend == "onnxruntime"
+    ort = backend_of(args.backend, requested, args.checkpoint) == "onnxruntime"
     if ort:
         require_onnxruntime()  # its error names the install command
         if args.dtype not in (None, *ORT_DTYPES):

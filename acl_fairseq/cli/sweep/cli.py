@@ -43,6 +43,16 @@ retrained after the sweep, a copied one) runs at full depth instead, saying why:
     acl-fairseq-sweep CKPT DATA --dtypes int8,fp32 --max-accuracy-drop 1
     acl-fairseq-predict CKPT --input sentences.txt   # int8 + the policy chosen for int8
 
+``--backend onnxruntime`` measures and chooses on the ONNX Runtime backend's segments
+(``acl_fairseq.inference.onnx_runtime``; fp32 / int8, CPU) from their own exits' logits, and
+records the backend in the file, so that ``acl-fairseq-predict`` runs the policy there by
+default; give ``--head-cost`` the segments' cost (``benchmarks/exit_cost_batch1.py --dtypes
+int8,ort``), so that the per-exit kinds leave out the exits that do not pay::
+
+    acl-fairseq-sweep CKPT DATA --backend onnxruntime --dtypes int8 --policy per_exit_entropy \
+        --max-accuracy-drop 1 --head-cost 0.3 --cpu
+    acl-fairseq-predict CKPT --input sentences.txt   # ONNX Runtime int8 + that policy
+
 ``DATA`` is the binarized ``sentence_prediction`` directory; ``--out`` gets a TSV (a CSV if
 the name ends in ``.csv``); Markdown goes to stdout.
 """
@@ -82,6 +92,13 @@ from acl_fairseq.early_exit.thresholds import (
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.measure import sweep
+from acl_fairseq.inference.onnx_runtime import (
+    BACKENDS,
+    ONNX_CACHE,
+    ORT_DTYPES,
+    OrtEarlyExit,
+    require_onnxruntime,
+)
 from acl_fairseq.inference.precision import prepare_for_inference
 from acl_fairseq.inference.saved_policy import FINGERPRINT, read_policy
 from acl_fairseq.models.heads import DEFAULT_HEAD
@@ -165,6 +182,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="an exit head's time in layers (larger at batch 1 and in bf16 / int8 than at "
         "batch 32; benchmarks/exit_cost_batch1.py measures yours): per-exit kinds skip the "
         "exits that do not pay for their head",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=BACKENDS[0],
+        help="what runs the model: fairseq (torch), or onnxruntime (the early-exit loop on ONNX "
+        "Runtime sessions of the model's segments, --dtypes fp32 / int8, CPU): the policies are "
+        "chosen on its own exits, and acl-fairseq-predict runs the saved one on it",
+    )
+    parser.add_argument(
+        "--onnx-cache",
+        type=Path,
+        help=f"--backend onnxruntime: folder of the exported segments (default: {ONNX_CACHE}/ "
+        "next to the checkpoint, as acl-fairseq-predict)",
     )
     parser.add_argument(
         "--batch-sizes", type=int_list, default=[1, 32], help="comma-separated batch sizes"
@@ -268,7 +299,7 @@ def _sweep_precision(
     part = [r for r in out.rows if r["batch_size"] == first]
     if target is not None and target.target_speedup is not None:
         out.choice = deploy.choose(args.policy, exit_logits, targets, target, part, args.split)
-    extra: dict[str, Any] = {"batch_size": first}
+    extra: dict[str, Any] = {"batch_size": first, "backend": args.backend}
     if reference is not None:
         final = exit_logits[-1][1].argmax(-1).cpu()
         agree = 100.0 * float(final.eq(reference).double().mean())
@@ -310,9 +341,17 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
     _resolve_positionals(parser, args)
     if args.repeats < 0:
         parser.error(f"--repeats must be >= 0, got {args.repeats}")
-    use_cuda = torch.cuda.is_available() and not args.cpu
+    ort = args.backend == "onnxruntime"
+    use_cuda = torch.cuda.is_available() and not args.cpu and not ort
     try:
         target = check_flags(args, use_cuda)
+        if ort:
+            require_onnxruntime()  # its error names the install command
+            other = [d for d in args.dtypes if d not in ORT_DTYPES]
+            if other:
+                raise ValueError(
+                    f"--backend onnxruntime runs fp32 or int8, not --dtypes {','.join(other)}"
+                )
         check_split(args.data, args.split)
     except ValueError as e:
         parser.error(str(e))
@@ -320,7 +359,7 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
     device = torch.device("cuda" if use_cuda else "cpu")
     loaded = load_for_inference(
-        args.checkpoint, args.data, device, multi_exit=True, fingerprint=target is not None
+        args.checkpoint, args.data, device, multi_exit=True, fingerprint=target is not None or ort
     )
     model, task, max_positions = loaded.model, loaded.task, loaded.max_positions
     head = args.head or getattr(task.cfg, "classification_head_name", None) or DEFAULT_HEAD
@@ -340,7 +379,13 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
     thresholds = None
     for number, dtype in enumerate(args.dtypes):
         last = number == len(args.dtypes) - 1
-        model_d = prepare_for_inference(model if last else copy.deepcopy(model), dtype)
+        if ort:  # the fp32 model exported segment by segment, its sessions at dtype
+            cache = args.onnx_cache or Path(args.checkpoint).parent / ONNX_CACHE
+            model_d = OrtEarlyExit(
+                model, head, cache, dtype, None, loaded.fingerprint, shared_pool=True
+            )
+        else:
+            model_d = prepare_for_inference(model if last else copy.deepcopy(model), dtype)
         try:
             result, thresholds = _sweep_precision(
                 args, model_d, dtype, batches, head, num_classes, target, reference, thresholds
@@ -361,7 +406,8 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
         f"# early-exit sweep: {Path(args.checkpoint).name}, split {args.split} "
         f"({rows[0]['examples']} examples), policy {args.policy}, {model.num_layers} layers, "
         f"exits at {', '.join(map(str, model.shallow_exit_layers))} + {model.num_layers}\n"
-        f"# device: {_machine(device)}; dtypes {', '.join(args.dtypes)}; {timing}\n"
+        f"# device: {_machine(device)}; backend {args.backend}; dtypes "
+        f"{', '.join(args.dtypes)}; {timing}\n"
     )
     print(f"Accuracy of every exit (one pass over all exits, batch {args.batch_sizes[0]}):\n")
     print("\n".join(p.note for p in found))
@@ -379,9 +425,10 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
         print("\nchosen (" + ", ".join(f"{k} {v}" for k, v in target.describe().items()) + "):")
         for p in found:
             print("  " + _describe(p.dtype, p.choice, p.entry, args.split))
+        on = " on onnxruntime (acl-fairseq-predict's default backend now)" if ort else ""
         print(
             f"wrote {path}: acl-fairseq-predict and predict_early_exit use {args.dtypes[0]} "
-            "and its policy when no policy is given (--dtype picks another precision's)"
+            f"and its policy{on} when no policy is given (--dtype picks another precision's)"
         )
     return 0
 
