@@ -21,8 +21,10 @@ keeps its fingerprint.
 
 ``policy`` and ``dtype`` are what ``predict`` runs by default (its ``--dtype`` defaults to this
 ``dtype``, fp32 for a file without one); ``by_dtype`` holds the policy chosen at each precision
-the sweep measured (``--dtype bf16`` picks the bf16 one). ``exits`` (the shallow exits whose
-heads run: the rest are skipped) and every other field are for the reader. Policies are read
+the sweep measured (``--dtype bf16`` picks the bf16 one). ``backend`` (``onnxruntime`` when the
+sweep chose on the ONNX Runtime segments) is ``predict``'s default ``--backend``. ``exits``
+(the shallow exits whose heads run: the rest are skipped) and every other field are for the
+reader. Policies are read
 through the registry (``parse_policy``) and precisions through ``check_precision``.
 
 No fairseq import: this is the one reader and writer of that file.

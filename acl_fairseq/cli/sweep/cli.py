@@ -50,7 +50,7 @@ default; give ``--head-cost`` the segments' cost (``benchmarks/exit_cost_batch1.
 int8,ort``), so that the per-exit kinds leave out the exits that do not pay::
 
     acl-fairseq-sweep CKPT DATA --backend onnxruntime --dtypes int8 --policy per_exit_entropy \
-        --max-accuracy-drop 1 --head-cost 0.3 --cpu
+        --max-accuracy-drop 1 --head-cost C --cpu
     acl-fairseq-predict CKPT --input sentences.txt   # ONNX Runtime int8 + that policy
 
 ``DATA`` is the binarized ``sentence_prediction`` directory; ``--out`` gets a TSV (a CSV if
