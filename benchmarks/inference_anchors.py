@@ -331,7 +331,7 @@ def _ints(text: str) -> list[int]:
 
 def head_costs(text: str) -> tuple[float, dict[str, float]]:
     """``--head-cost``: ``COST`` for every system, then ``SYSTEM=COST`` for one (a precision,
-    or ``ort`` for this project on ORT int8), e.g. ``0.08,int8=0.15,ort=0.15``."""
+    or ``ort`` for this project on ORT int8), e.g. ``0.1,int8=0.2``."""
     default, own = 0.0, {}
     for item in (v.strip() for v in text.split(",")):
         name, _, value = item.rpartition("=")
@@ -368,7 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--head-cost",
         default="0.03",
         help="an exit head's cost in layers at batch 1 (the sweep's --head-cost): COST, then\n"
-        "SYSTEM=COST for one system (fp32, bf16, int8, ort), e.g. 0.08,int8=0.15,ort=0.15",
+        "SYSTEM=COST for one system (fp32, bf16, int8, ort), as benchmarks/exit_cost_batch1.py\n"
+        "measures them",
     )
     p.add_argument(
         "--policies", default="", help="more policies, as given, separated by spaces or ';'"
