@@ -18,6 +18,7 @@ from acl_fairseq.data.splits import load_batches
 from acl_fairseq.early_exit.policies import ExitPolicy, make_policy
 from acl_fairseq.early_exit.table import COLUMNS, format_markdown, write_table
 from acl_fairseq.early_exit.thresholds import (
+    TargetError,
     collect_exits,
     exit_accuracies,
     simulate_exits,
@@ -252,6 +253,43 @@ def test_sweep_reuses_one_pass_and_times_only_the_loop(one_thread) -> None:
     given = collect_exits(model, batches, HEAD)
     sweep(model, batches, policies, repeats=0, exits=given)
     assert model.calls["exit_outputs"] == len(batches)  # the pass given is not repeated
+
+
+class SlowExitFake(FakeMultiExit):
+    """The fake whose early-exit loop costs more than its whole forward (exits that do not
+    pay)."""
+
+    def early_exit(self, tokens, policy, classification_head_name=HEAD):
+        time.sleep(self.LAYER_S * self.num_layers * 3)
+        return super().early_exit(tokens, policy, classification_head_name)
+
+
+@pytest.mark.parametrize("model_class", [FakeMultiExit, SlowExitFake])
+def test_sweep_deploys_no_policy_timed_slower_than_full_depth(model_class, one_thread) -> None:
+    """The choice at the first batch size is timed: saved with its times when faster than
+    full depth, an error naming the flags when slower (even though it saves layers)."""
+    from acl_fairseq.cli.sweep.cli import _sweep_precision, build_parser
+    from acl_fairseq.inference.deploy import DeployTarget
+
+    batches, _ = _fake_batches()
+    args = build_parser().parse_args(
+        ["ck.pt", "data", "--thresholds", "0.5", "--batch-sizes", "8", "--repeats", "2",
+         "--max-accuracy-drop", "100"]
+    )  # fmt: skip
+    target = DeployTarget(max_accuracy_drop=100, head_cost=args.head_cost)
+    model = model_class()
+    call = (args, model, "fp32", {8: batches}, HEAD, 2, target, None, None)
+    if model_class is FakeMultiExit:
+        out, _ = _sweep_precision(*call)
+        assert out.entry["layer_speedup"] == 4.0  # D = 100: every row leaves at exit 1
+        assert 0 < out.entry["ms_per_example"] < out.entry["full_ms_per_example"]
+        return
+    with pytest.raises(TargetError) as err:
+        _sweep_precision(*call)
+    message = str(err.value)
+    assert message.startswith("entropy:inf ran ") and " ms per row at batch 8 on valid " in message
+    assert "early exit would be slower than no early exit, so it is not deployed" in message
+    assert "--head-cost" in message and "--repeats 0" in message
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -294,6 +294,34 @@ def test_head_cost_drops_exits_that_do_not_pay():
     assert paid.cost < evaluate(exits, labels, free.policy, head_cost=0.2).cost
 
 
+def test_deploy_refuses_a_policy_slower_than_full_depth():
+    """Every row is wrong (and unsure) before exit 5 of 6 and sure there: one entropy
+    threshold leaves there after five heads. At 0.1 layers a head it costs 5.5 layers and is
+    deployed; at 0.3 it costs 6.5, more than full depth, and the choice is an error naming the
+    flags (nothing to save)."""
+    from acl_fairseq.inference.deploy import DeployTarget, choose
+
+    n = 40
+    exits = [(layer, two_class([0.6] * n, [False] * n)) for layer in (1, 2, 3, 4)]
+    exits += [(5, two_class([0.05] * n, [True] * n)), (6, two_class([0.01] * n, [True] * n))]
+    labels = torch.zeros(n, dtype=torch.long)
+    cheap = choose("entropy", exits, labels, DeployTarget(max_accuracy_drop=0, head_cost=0.1))
+    assert evaluate(exits, labels, cheap.policy, 0.1).cost == pytest.approx(5.5)
+    dear = DeployTarget(max_accuracy_drop=0, head_cost=0.3)
+    with pytest.raises(TargetError) as err:
+        choose("entropy", exits, labels, dear, split="valid")
+    assert re.search(
+        r"^entropy:\S+ \(calibrated\) costs 6\.50 layers per row on valid with its exit heads "
+        r"\(--head-cost 0\.3 layers each\) against 6 at full depth: early exit would be slower",
+        str(err.value),
+    )
+    assert "--policy per_exit_entropy" in str(err.value)
+    # the per-exit kind evaluates exit 5 only, 5.3 layers: deployed at the same head cost
+    per_exit = choose("per_exit_entropy", exits, labels, dear)
+    assert per_exit.policy.layers == (5,)
+    assert evaluate(exits, labels, per_exit.policy, 0.3).cost == pytest.approx(5.3)
+
+
 @pytest.mark.parametrize("constraint", ["accuracy", "agreement"])
 def test_best_patience_is_the_fastest_within_the_target(constraint):
     exits, labels = random_exits(300, [1, 2, 3, 4, 5, 6], k=2, seed=8)

@@ -13,9 +13,11 @@
 * ``--target-speedup S``: the most accurate (``agreement``: most agreeing) swept row whose
   layer-count speed-up is at least S (``thresholds.choose_row``).
 
-``choose`` returns the policy and how it was chosen; ``save`` writes every precision's choice
-to ``early_exit_policy.json`` (``saved_policy``), the first precision as the default, tied to
-the checkpoint's weights.
+``choose`` returns the policy and how it was chosen, and refuses one that would be slower than
+full depth by its cost in layers (``--head-cost`` per exit evaluated); ``check_measured`` refuses
+one that the sweep timed slower than full depth. ``save`` writes every precision's choice to
+``early_exit_policy.json`` (``saved_policy``), the first precision as the default, tied to the
+checkpoint's weights.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..early_exit.risk_control import risk_controlled_kind
 from ..early_exit.thresholds import ExitLogits, TargetError, choose_row
 from .saved_policy import write_policy
 
-__all__ = ["Choice", "DeployTarget", "choose", "entry", "save"]
+__all__ = ["Choice", "DeployTarget", "check_measured", "choose", "entry", "save"]
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ def choose(
         raise ValueError("early exit needs a shallow exit: the model has only its final exit")
     if target.target_speedup is not None:
         row = choose_row(rows, target_speedup=target.target_speedup, constraint=target.constraint)
-        return Choice(make_policy(row["policy"], row["threshold"]), "swept", {})
+        choice = Choice(make_policy(row["policy"], row["threshold"]), "swept", {})
+        return _paying(choice, exit_logits, targets, target, split)
     drop = float(target.max_accuracy_drop)  # type: ignore[arg-type]
     n = int(targets.numel())
     if target.risk_control is not None:
@@ -144,7 +147,8 @@ def choose(
             "p_value": result.p_value,
             "certified_rows": result.examples,
         }
-        return Choice(result.policy, "risk control", evidence)
+        return _paying(Choice(result.policy, "risk control", evidence), exit_logits, targets,
+                       target, split)  # fmt: skip
     cal = calibrate(
         kind, exit_logits, targets, drop, target.constraint, target.head_cost, target.patience
     )
@@ -155,7 +159,44 @@ def choose(
             "early exit would save nothing: allow a larger drop, or train the shallow exits "
             "longer"
         )
-    return Choice(cal.policy, "calibrated", {})
+    return _paying(Choice(cal.policy, "calibrated", {}), exit_logits, targets, target, split)
+
+
+def _paying(
+    choice: Choice, exit_logits: ExitLogits, targets: Tensor, target: DeployTarget, split: str
+) -> Choice:
+    """``choice`` when its cost (mean exit layer + ``--head-cost`` per exit evaluated) is below
+    full depth's; else a ``TargetError`` naming the flags that change it."""
+    if target.head_cost == 0:
+        return choice
+    cost = evaluate(exit_logits, targets, choice.policy, target.head_cost).cost
+    layers = exit_logits[-1][0]
+    if cost < layers:
+        return choice
+    raise TargetError(
+        f"{choice.policy.spec} ({choice.method}) costs {cost:.2f} layers per row on {split} "
+        f"with its exit heads (--head-cost {target.head_cost:g} layers each) against {layers} "
+        "at full depth: early exit would be slower than no early exit. Use a per-exit kind "
+        "(--policy per_exit_entropy leaves out the exits that do not pay), allow a larger "
+        "--max-accuracy-drop, or check --head-cost"
+    )
+
+
+def check_measured(
+    policy: ExitPolicy, early_ms: float, full_ms: float, batch_size: int, split: str
+) -> None:
+    """``TargetError`` when the sweep timed ``policy`` (``early_ms`` per row, at
+    ``batch_size`` on ``split``) no faster than full depth (``full_ms``): it is not deployed."""
+    if early_ms < full_ms:
+        return
+    raise TargetError(
+        f"{policy.spec} ran {early_ms:.3f} ms per row at batch {batch_size} on {split} against "
+        f"{full_ms:.3f} ms at full depth, timed on this machine: early exit would be slower "
+        "than no early exit, so it is not deployed. Give the exits' measured --head-cost "
+        "(benchmarks/exit_cost_batch1.py) so that a per-exit kind leaves out the exits that do "
+        "not pay, allow a larger --max-accuracy-drop, or time on an idle machine (--repeats 0 "
+        "chooses without timing)"
+    )
 
 
 def entry(

@@ -34,6 +34,9 @@ drop on test is a multiple of D (docs/results.md, "Exit policies chosen on dev")
 ``--risk-control DELTA`` certifies that at most D percent of the predictions change, with
 probability 1 - DELTA (Learn-then-Test; conservative).
 ``--target-speedup S``: the most accurate swept row with a layer-count speed-up of at least S.
+A policy is not deployed when it would be slower than full depth: by its cost in layers with
+``--head-cost`` per exit evaluated, or as timed at the first batch size (with ``--repeats``
+above 0).
 The choice is written to ``early_exit_policy.json`` next to the checkpoint, every precision's
 under ``by_dtype``, the first of ``--dtypes`` as the default that ``acl-fairseq-predict``
 (``--dtype`` defaults to it) and the hub's ``predict_early_exit`` use, with the fingerprint of
@@ -312,6 +315,9 @@ def _sweep_precision(
         value = out.choice.policy.value
         timed = next(r for r in part[1:] if r["threshold"] == value)
         if timed["early_ms"] is not None:
+            deploy.check_measured(
+                out.choice.policy, timed["early_ms"], timed["full_ms"], first, args.split
+            )
             extra["ms_per_example"] = round(timed["early_ms"], 4)
             extra["full_ms_per_example"] = round(timed["full_ms"], 4)
         out.entry = deploy.entry(out.choice, exit_logits, targets, args.head_cost, **extra)
