@@ -11,9 +11,10 @@ every system classifies the same ``--test`` sentences:
   against the fairseq model's before anything is timed. The speed-up column is relative to it.
 * **ORT int8**: that model exported with ``torch.onnx.export`` and quantized with ONNX
   Runtime's ``quantize_dynamic`` (int8 weights per channel), run by ``onnxruntime`` with the
-  same thread count (the helpers of ``acl_fairseq.inference.onnx_runtime``). Skipped, with the
-  reason, when it is not installed (``pip install -e .[bench]``: onnxruntime, onnx,
-  onnxscript; none of them pulls a torch).
+  same thread count (the helpers of ``acl_fairseq.inference.onnx_runtime``), as ONNX Runtime
+  runs it by default and, in a second row, without the fusions this project's int8 sessions
+  leave out (``INT8_DISABLED``). Skipped, with the reason, when it is not installed
+  (``pip install -e .[bench]``: onnxruntime, onnx, onnxscript; none of them pulls a torch).
 * **this project** at ``--dtypes fp32,bf16,int8`` (``acl_fairseq.inference.precision``), at
   full depth and with the deployable policies *chosen on* ``--dev`` at that precision
   (``acl_fairseq.inference.deploy.choose``: for each of ``--kinds``, the fastest policy
@@ -64,6 +65,7 @@ from acl_fairseq.hf_bert.state import LAYER_MAP
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.onnx_runtime import (
+    INT8_DISABLED,
     OnnxRuntimeMissing,
     OrtEarlyExit,
     export_onnx,
@@ -78,6 +80,7 @@ HEAD = DEFAULT_HEAD
 Run = Callable[[Tensor], tuple[Tensor, Tensor]]  # tokens B x T -> (predictions B, layers B)
 FP32_FULL = ("fp32", "full depth")
 ORT_PROJECT = "this project on ORT int8"
+ORT_UNFUSED = f"ORT int8, without {'/'.join(INT8_DISABLED)}"
 COLUMNS = ("batch", "threads", "system", "policy", "accuracy", "agreement", "mean_exit_layer",
            "ms", "speedup")  # fmt: skip
 HEADERS = ("batch", "threads", "system", "policy", "accuracy %",
@@ -171,8 +174,10 @@ def ort_int8(anchor: HfAnchor, sample: Tensor, work: Path) -> tuple[Path | None,
     return int8, f"ONNX Runtime {onnxruntime.__version__}, int8 dynamic quantization (per channel)"
 
 
-def ort_runner(path: Path, threads: int, pad: int, num_layers: int) -> Run:
-    session = ort_session(path, threads)
+def ort_runner(
+    path: Path, threads: int, pad: int, num_layers: int, disabled: Sequence[str] = ()
+) -> Run:
+    session = ort_session(path, threads, disabled_optimizers=disabled)
 
     def run(tokens: Tensor) -> tuple[Tensor, Tensor]:
         feeds = {"input_ids": tokens.numpy(), "attention_mask": tokens.ne(pad).long().numpy()}
@@ -463,6 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ort_path is not None:
                 ort = ort_runner(ort_path, count, pad, model.num_layers)
                 configs.append(Config("ORT int8", "full depth", ort))
+                ort = ort_runner(ort_path, count, pad, model.num_layers, INT8_DISABLED)
+                configs.append(Config(ORT_UNFUSED, "full depth", ort))
             for name, system in systems.items():
                 configs.append(Config(name, "full depth", project_runner(system, None)))
                 for label, policy in chosen[name] + extra:

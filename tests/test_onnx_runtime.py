@@ -207,8 +207,8 @@ def test_segments_share_the_process_thread_pool(ort, monkeypatch):
     assert done.returncode == 0 and "pool ok" in done.stdout, done.stderr[-2000:]
     asked = []
 
-    def recording(path, threads, spinning=True, shared=False):
-        asked.append((threads, spinning, shared))
+    def recording(path, threads, spinning=True, shared=False, disabled_optimizers=()):
+        asked.append((threads, spinning, shared, tuple(disabled_optimizers)))
         return real(path, threads, spinning, shared=False)  # no pool in this process
 
     real = onnx_runtime.ort_session
@@ -216,7 +216,39 @@ def test_segments_share_the_process_thread_pool(ort, monkeypatch):
     OrtEarlyExit(model, HEAD, runner.folder.parent, threads=3, shared_pool=True).prepare(
         PatiencePolicy(1)
     )
-    assert asked and set(asked) == {(3, False, True)}
+    assert asked and set(asked) == {(3, False, True, ())}
+    asked.clear()  # int8: every session without the fusions that slow its layers
+    OrtEarlyExit(model, HEAD, runner.folder.parent, "int8", threads=3).prepare(PatiencePolicy(1))
+    assert asked and set(asked) == {(3, False, False, onnx_runtime.INT8_DISABLED)}
+
+
+def test_int8_sessions_leave_out_the_skip_layer_norm_fusion(ort, tmp_path):
+    """``INT8_DISABLED`` names a fusion ONNX Runtime applies to the int8 segments (a wrong name
+    would be ignored without a word): with it disabled the optimized graph keeps its Add and
+    LayerNormalization; the logits move only by that rounding."""
+    import numpy as np
+    import onnx
+    import onnxruntime
+
+    model, task, runner = ort
+    int8 = OrtEarlyExit(model, HEAD, runner.folder.parent, "int8", threads=1)
+    path = int8.segment_file(2, 2)
+    ops, outputs = {}, {}
+    channels = model.encoder.sentence_encoder.embed_tokens.embedding_dim
+    x = np.random.default_rng(0).standard_normal((7, 5, channels), dtype=np.float32)
+    feeds = {"x": x, "padding_mask": np.zeros((5, 7), dtype=bool)}  # T x B x C hidden states
+    for name, disabled in (("default", ()), ("ours", onnx_runtime.INT8_DISABLED)):
+        options = onnxruntime.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / f"{name}.onnx")
+        session = onnxruntime.InferenceSession(
+            str(path), options, providers=["CPUExecutionProvider"],
+            disabled_optimizers=list(disabled),
+        )  # fmt: skip
+        outputs[name] = session.run(None, feeds)[-1]
+        ops[name] = {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+    assert "SkipLayerNormalization" in ops["default"]
+    assert "SkipLayerNormalization" not in ops["ours"] and "LayerNormalization" in ops["ours"]
+    assert np.allclose(outputs["default"], outputs["ours"], atol=0.1)
 
 
 def test_the_bookkeeping_runs_on_one_torch_thread(ort, monkeypatch):

@@ -11,11 +11,12 @@ last segment ends at the final layer with the final head and outputs ``logits`` 
 time are dynamic axes.
 
 ``OrtEarlyExit`` runs ``run_early_exit``'s loop on one ``onnxruntime.InferenceSession`` per
-segment (``fp32``, or ``int8``: ``quantize_dynamic`` with int8 weights per channel): the
-policy decides on torch tensors over the sessions' outputs, and the row bookkeeping is the
-torch loop's own (``early_exit.running_rows``). A policy that never exits runs one full-depth
-session; one unpadded row runs without row bookkeeping and decides on the host, as the torch
-loop's batch-1 path (``early_exit.row_decider``). The fairseq model is the reference the tests
+segment (``fp32``, or ``int8``: ``quantize_dynamic`` with int8 weights per channel, its
+sessions without ``INT8_DISABLED``'s fusion): the policy decides on torch tensors over the
+sessions' outputs, and the row bookkeeping is the torch loop's own
+(``early_exit.running_rows``). A policy that never exits runs one full-depth session; one
+unpadded row runs without row bookkeeping and decides on the host, as the torch loop's batch-1
+path (``early_exit.row_decider``). The fairseq model is the reference the tests
 compare it with.
 
 Exported files are cached under the folder given, in a folder named by the model's content
@@ -50,6 +51,7 @@ from .saved_policy import model_fingerprint
 __all__ = [
     "BACKENDS",
     "INSTALL",
+    "INT8_DISABLED",
     "ONNX_CACHE",
     "ORT_DTYPES",
     "ExitLogits",
@@ -70,6 +72,10 @@ BACKENDS = ("fairseq", "onnxruntime")
 ONNX_CACHE = "onnx_runtime"
 """The tools' default cache of exported segments, a folder next to the checkpoint."""
 OPSET = 17
+INT8_DISABLED = ("SkipLayerNormFusion",)
+"""Graph optimizations left out of the int8 sessions: fusing the residual add into the layer
+norm made the int8 encoder slower on x86 CPUs (docs/results.md, "Inference against its
+anchors")."""
 FORMAT = 1
 """The segments' graph format: cached files of another format are not reused."""
 
@@ -146,10 +152,17 @@ def global_pool(threads: int | None = None) -> int | None:
     return _GLOBAL_POOL[0] if _GLOBAL_POOL else None
 
 
-def ort_session(path: Path, threads: int, spinning: bool = True, shared: bool = False) -> Any:
+def ort_session(
+    path: Path,
+    threads: int,
+    spinning: bool = True,
+    shared: bool = False,
+    disabled_optimizers: Sequence[str] = (),
+) -> Any:
     """An ``InferenceSession`` of ``path`` on the CPU: ``threads`` intra-op threads, one
-    inter-op thread, every graph optimization; ``spinning=False``: its idle threads sleep
-    (sessions run one after the other would otherwise take each other's cores).
+    inter-op thread, every graph optimization but ``disabled_optimizers`` (ONNX Runtime's
+    names, e.g. ``INT8_DISABLED``); ``spinning=False``: its idle threads sleep (sessions run
+    one after the other would otherwise take each other's cores).
 
     ``shared``: on the process's global thread pool (``global_pool``, made with ``threads``
     threads on first use), which sessions run one after the other, as the segments are, use
@@ -165,7 +178,8 @@ def ort_session(path: Path, threads: int, spinning: bool = True, shared: bool = 
         if not spinning:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], **extra)
 
 
 @contextmanager
@@ -314,8 +328,9 @@ class OrtEarlyExit:
             if (first, last) not in self._sessions:
                 path = self.segment_file(first, last)
                 self._sessions[first, last] = ort_session(
-                    path, self.threads, spinning=False, shared=self.shared_pool
-                )
+                    path, self.threads, spinning=False, shared=self.shared_pool,
+                    disabled_optimizers=INT8_DISABLED if self.dtype == "int8" else (),
+                )  # fmt: skip
             out.append((last, self._sessions[first, last]))
             first = last + 1
         return out
