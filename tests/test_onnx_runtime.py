@@ -222,7 +222,7 @@ def test_segments_share_the_process_thread_pool(ort, monkeypatch):
     assert asked and set(asked) == {(3, False, False, onnx_runtime.INT8_DISABLED)}
 
 
-def test_int8_sessions_leave_out_the_skip_layer_norm_fusion(ort, tmp_path):
+def test_int8_sessions_leave_out_the_skip_layer_norm_fusion(ort, tmp_path, monkeypatch):
     """``INT8_DISABLED`` names a fusion ONNX Runtime applies to the int8 segments (a wrong name
     would be ignored without a word): with it disabled the optimized graph keeps its Add and
     LayerNormalization; the logits move only by that rounding."""
@@ -249,6 +249,14 @@ def test_int8_sessions_leave_out_the_skip_layer_norm_fusion(ort, tmp_path):
     assert "SkipLayerNormalization" in ops["default"]
     assert "SkipLayerNormalization" not in ops["ours"] and "LayerNormalization" in ops["ours"]
     assert np.allclose(outputs["default"], outputs["ours"], atol=0.1)
+    made = []  # ort_session hands the names to ONNX Runtime
+    real = onnxruntime.InferenceSession
+    monkeypatch.setattr(
+        onnxruntime, "InferenceSession", lambda *a, **k: made.append(k) or real(*a, **k)
+    )
+    onnx_runtime.ort_session(path, 1, disabled_optimizers=onnx_runtime.INT8_DISABLED)
+    onnx_runtime.ort_session(path, 1)
+    assert [k.get("disabled_optimizers") for k in made] == [["SkipLayerNormFusion"], None]
 
 
 def test_the_bookkeeping_runs_on_one_torch_thread(ort, monkeypatch):
