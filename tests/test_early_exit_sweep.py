@@ -278,7 +278,7 @@ def test_sweep_deploys_no_policy_timed_slower_than_full_depth(model_class, one_t
     )  # fmt: skip
     target = DeployTarget(max_accuracy_drop=100, head_cost=args.head_cost)
     model = model_class()
-    call = (args, model, "fp32", {8: batches}, HEAD, 2, target, None, None)
+    call = (args, model, "fp32", "fairseq", {8: batches}, HEAD, 2, target, None, None)
     if model_class is FakeMultiExit:
         out, _ = _sweep_precision(*call)
         assert out.entry["layer_speedup"] == 4.0  # D = 100: every row leaves at exit 1
@@ -468,6 +468,14 @@ def test_sweep_target_flag_errors(tmp_path: Path, capsys) -> None:
         (["--max-examples", "0"], "error: --max-examples must be >= 1 (the first N examples of "
          "--split), got 0; leave it out to use the whole split\n"),
         (["--head-cost", "-1", "--max-accuracy-drop", "1"], "--head-cost must be >= 0"),
+        (["--backend", "fairseq,tvm"], "argument --backend: expected distinct backends among "
+         "fairseq, onnxruntime, got 'fairseq,tvm'"),
+        (["--backend", "fairseq,onnxruntime", "--max-accuracy-drop", "1", "--repeats", "0"],
+         "--backend fairseq,onnxruntime: the backend of each precision is the one whose chosen "
+         "policy runs faster, which needs timing: give --repeats 1 or more, or one --backend"),
+        (["--backend", "onnxruntime,fairseq", "--target-speedup", "2"],
+         "--target-speedup picks a swept row by its layer count, not by time: give one "
+         "--backend with it"),
     ]:  # fmt: skip
         with pytest.raises(SystemExit) as e:
             sweep_main([str(ckpt), str(data), *flags])

@@ -240,6 +240,8 @@ def test_int8_sessions_leave_out_the_skip_layer_norm_fusion(ort, tmp_path, monke
     for name, disabled in (("default", ()), ("ours", onnx_runtime.INT8_DISABLED)):
         options = onnxruntime.SessionOptions()
         options.optimized_model_filepath = str(tmp_path / f"{name}.onnx")
+        if onnx_runtime.global_pool() is not None:  # made by another test of this process
+            options.use_per_session_threads = False
         session = onnxruntime.InferenceSession(
             str(path), options, providers=["CPUExecutionProvider"],
             disabled_optimizers=list(disabled),

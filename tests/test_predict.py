@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -556,3 +557,42 @@ def test_a_policy_swept_on_onnxruntime_runs_there_by_default(trained, tmp_path, 
         sweep_main([str(ckpt), str(trained["data"]), "--backend", "onnxruntime",
                     *flags[:-1], "bf16"])  # fmt: skip
     assert stop.value.code == 2
+
+
+def test_the_sweep_saves_each_precision_on_its_faster_backend(trained, tmp_path, capsys):
+    """``acl-fairseq-sweep --backend fairseq,onnxruntime``: every precision swept and timed on
+    each backend that runs it, and saved with the one whose chosen policy ran faster (its entry
+    records both times); bf16 only on fairseq. Predict runs each precision on its backend."""
+    from acl_fairseq.cli.sweep import main as sweep_main
+
+    ckpt = tmp_path / "model" / trained["ckpt"].name
+    ckpt.parent.mkdir()
+    shutil.copy(trained["ckpt"], ckpt)
+    assert sweep_main([
+        str(ckpt), str(trained["data"]), "--backend", "fairseq,onnxruntime",
+        "--dtypes", "int8,bf16", "--policy", "per_exit_entropy", "--max-accuracy-drop", "10",
+        "--repeats", "1", "--batch-sizes", "8", "--max-examples", "24", "--cpu",
+    ]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    for label in ("int8 on onnxruntime", "int8 on fairseq", "bf16 on fairseq"):
+        assert f"| {label} | 8 | per_exit_entropy |" in out, label
+    assert "bf16 on onnxruntime" not in out
+    record = json.loads((ckpt.parent / "early_exit_policy.json").read_text())
+    int8, bf16 = record["by_dtype"]["int8"], record["by_dtype"]["bf16"]
+    timed = int8["timed_backends"]
+    assert set(timed) == {"fairseq", "onnxruntime"} and all(ms > 0 for ms in timed.values())
+    assert int8["backend"] == min(timed, key=timed.get)
+    assert int8["ms_per_example"] == timed[int8["backend"]]
+    line = next(x for x in out.splitlines() if x.startswith("  int8 on "))
+    assert line.startswith(f"  int8 on {int8['backend']} (") and re.search(
+        r"fairseq \d+\.\d{3} ms", line
+    ), line
+    assert bf16["backend"] == "fairseq" and "timed_backends" not in bf16
+    assert record["dtype"] == "int8" and record["backend"] == int8["backend"]
+
+    text = "".join(f"{row[0]}\n" for row in trained["rows"][:8])
+    code, _, err = run_predict(ckpt, stdin=text)
+    assert code == 0 and "dtype: int8" in err, err
+    assert ("backend: onnxruntime" in err) == (int8["backend"] == "onnxruntime")
+    code, _, err = run_predict(ckpt, "--dtype", "bf16", stdin=text)
+    assert code == 0 and "dtype: bf16" in err and "backend: onnxruntime" not in err, err

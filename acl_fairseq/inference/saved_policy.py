@@ -22,7 +22,8 @@ keeps its fingerprint.
 ``policy`` and ``dtype`` are what ``predict`` runs by default (its ``--dtype`` defaults to this
 ``dtype``, fp32 for a file without one); ``by_dtype`` holds the policy chosen at each precision
 the sweep measured (``--dtype bf16`` picks the bf16 one). ``backend`` (``onnxruntime`` when the
-sweep chose on the ONNX Runtime segments) is ``predict``'s default ``--backend``. ``exits``
+sweep chose on the ONNX Runtime segments; each ``by_dtype`` entry has its own, ``backend_at``)
+is ``predict``'s default ``--backend``. ``exits``
 (the shallow exits whose heads run: the rest are skipped) and every other field are for the
 reader. Policies are read
 through the registry (``parse_policy``) and precisions through ``check_precision``.
@@ -94,6 +95,15 @@ class SavedPolicy:
         values = {"dtype": self.dtype, **chosen, **self.fields}
         keys = ("dtype", "backend", "target", "constraint", "split", "accuracy", "layer_speedup")
         return ", ".join(f"{k} {values[k]}" for k in keys if k in values)
+
+    def backend_at(self, dtype: str | None = None) -> str | None:
+        """The backend the sweep chose on for precision ``dtype`` (default: the file's default
+        precision), or None when the file does not say."""
+        dtype = self.dtype if dtype is None else check_precision(dtype)
+        entry = (self.fields.get("by_dtype") or {}).get(dtype)
+        if isinstance(entry, dict) and "backend" in entry:
+            return entry["backend"]
+        return self.fields.get("backend") if dtype == self.dtype else None
 
     def for_dtype(self, dtype: str) -> ExitPolicy | None:
         """The policy chosen at precision ``dtype``, or None when the file has none for it."""

@@ -184,18 +184,24 @@ def requested_policy(spec: str | None, checkpoint: str) -> ExitPolicy | str | No
         raise PredictError(f"--policy: {e}") from None
 
 
-def backend_of(asked: str | None, requested: ExitPolicy | str | None, checkpoint: str) -> str:
-    """``--backend``, else the saved policy's (``acl-fairseq-sweep --backend``) when that
-    policy is the one asked for (``--policy saved`` or none), else fairseq."""
+def backend_of(
+    asked: str | None,
+    requested: ExitPolicy | str | None,
+    checkpoint: str,
+    dtype: str | None = None,
+) -> str:
+    """``--backend``, else the one the saved policy of ``dtype`` (``--dtype``; default: the
+    file's default precision) was chosen on (``acl-fairseq-sweep --backend``) when that policy
+    is the one asked for (``--policy saved`` or none), else fairseq."""
     if asked is not None:
         return asked
     if requested not in (None, "saved"):
         return BACKENDS[0]
     try:
         saved = read_policy(checkpoint)
-    except ValueError:  # the loader names the bad file
+        backend = saved.backend_at(dtype) if saved is not None else None
+    except ValueError:  # the loader names the bad file (or --dtype)
         return BACKENDS[0]
-    backend = saved.fields.get("backend") if saved is not None else None
     return backend if backend in BACKENDS else BACKENDS[0]
 
 
@@ -240,7 +246,7 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     requested = requested_policy(args.policy, args.checkpoint)
     if not Path(args.checkpoint).is_file():
         raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
-    ort = backend_of(args.backend, requested, args.checkpoint) == "onnxruntime"
+    ort = backend_of(args.backend, requested, args.checkpoint, args.dtype) == "onnxruntime"
     if ort:
         require_onnxruntime()  # its error names the install command
         if args.dtype not in (None, *ORT_DTYPES):

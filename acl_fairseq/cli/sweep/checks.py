@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from acl_fairseq.early_exit.policies import make_policy, policy_kind
 from acl_fairseq.early_exit.thresholds import Quantiles
 from acl_fairseq.inference.deploy import DeployTarget
+from acl_fairseq.inference.onnx_runtime import BACKENDS
 from acl_fairseq.inference.precision import check_precision
 
 DEFAULT_QUANTILES = 10
@@ -88,6 +89,17 @@ def dtype_list(text: str) -> list[str]:
     return values
 
 
+def backend_list(text: str) -> list[str]:
+    """``--backend``: ``fairseq``, ``onnxruntime`` or both, comma-separated, no repeats."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in BACKENDS]
+    if not values or bad or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct backends among {', '.join(BACKENDS)}, got {text!r}"
+        )
+    return values
+
+
 def check_flags(args: argparse.Namespace, use_cuda: bool) -> DeployTarget | None:
     """The deploy target of the flags (None without one); ``ValueError`` naming the flag of a
     combination that cannot work."""
@@ -114,6 +126,17 @@ def check_flags(args: argparse.Namespace, use_cuda: bool) -> DeployTarget | None
     if use_cuda and "int8" in args.dtypes:
         raise ValueError(
             "--dtypes int8 runs on the CPU only (torch's dynamic quantization): add --cpu"
+        )
+    if len(args.backend) > 1 and args.max_accuracy_drop is not None and args.repeats == 0:
+        raise ValueError(
+            f"--backend {','.join(args.backend)}: the backend of each precision is the one "
+            "whose chosen policy runs faster, which needs timing: give --repeats 1 or more, "
+            "or one --backend"
+        )
+    if len(args.backend) > 1 and args.target_speedup is not None:
+        raise ValueError(
+            "--target-speedup picks a swept row by its layer count, not by time: give one "
+            "--backend with it"
         )
     if args.max_accuracy_drop is None and args.target_speedup is None:
         if args.risk_control is not None:

@@ -56,6 +56,10 @@ int8,ort``), so that the per-exit kinds leave out the exits that do not pay::
         --max-accuracy-drop 1 --head-cost C --cpu
     acl-fairseq-predict CKPT --input sentences.txt   # ONNX Runtime int8 + that policy
 
+``--backend fairseq,onnxruntime`` sweeps each precision on both (bf16 on fairseq only) and
+saves it with the backend whose chosen policy ran faster per row at the first batch size
+(``timed_backends`` in its entry: both times); predict runs each precision on its own.
+
 ``DATA`` is the binarized ``sentence_prediction`` directory; ``--out`` gets a TSV (a CSV if
 the name ends in ``.csv``); Markdown goes to stdout.
 """
@@ -73,6 +77,7 @@ import torch
 
 from acl_fairseq.cli.sweep.checks import (
     DEFAULT_DROPS,
+    backend_list,
     check_flags,
     dtype_list,
     float_list,
@@ -188,11 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--backend",
-        choices=BACKENDS,
-        default=BACKENDS[0],
+        type=backend_list,
+        default=[BACKENDS[0]],
         help="what runs the model: fairseq (torch), or onnxruntime (the early-exit loop on ONNX "
         "Runtime sessions of the model's segments, --dtypes fp32 / int8, CPU): the policies are "
-        "chosen on its own exits, and acl-fairseq-predict runs the saved one on it",
+        "chosen on its own exits, and acl-fairseq-predict runs the saved one on it; "
+        "fairseq,onnxruntime: both, and each precision is saved with the one whose chosen "
+        "policy ran faster (timed at the first --batch-sizes)",
     )
     parser.add_argument(
         "--onnx-cache",
@@ -234,8 +241,16 @@ def _resolve_positionals(parser: argparse.ArgumentParser, args: argparse.Namespa
 
 
 def _describe(dtype: str, choice: deploy.Choice, entry: dict[str, Any], split: str) -> str:
+    timed = entry.get("timed_backends")
+    on = (
+        f" on {entry['backend']} ("
+        + ", ".join(f"{b} {ms:.3f} ms" for b, ms in timed.items())
+        + " per row)"
+        if timed
+        else ""
+    )
     return (
-        f"{dtype}: {choice.policy.spec} ({choice.method}): accuracy {entry['accuracy']:.2f}% "
+        f"{dtype}{on}: {choice.policy.spec} ({choice.method}): accuracy {entry['accuracy']:.2f}% "
         f"(full depth {entry['full_accuracy']:.2f}%), agreement {entry['agreement']:.2f}%, "
         f"mean exit layer {entry['mean_exit_layer']:.2f}, layer-count speed-up "
         f"{entry['layer_speedup']:.2f} on {split}"
@@ -245,8 +260,9 @@ def _describe(dtype: str, choice: deploy.Choice, entry: dict[str, Any], split: s
 class Precision:
     """What the sweep found at one precision: table rows, oracle rows, notes, the choice."""
 
-    def __init__(self, dtype: str) -> None:
+    def __init__(self, dtype: str, backend: str = BACKENDS[0]) -> None:
         self.dtype = dtype
+        self.backend = backend
         self.rows: list[dict[str, Any]] = []
         self.oracles: list[dict[str, Any]] = []
         self.note = ""
@@ -271,6 +287,7 @@ def _sweep_precision(
     args: argparse.Namespace,
     model: Any,
     dtype: str,
+    backend: str,
     batches: dict[int, list],
     head: str,
     num_classes: int,
@@ -280,15 +297,16 @@ def _sweep_precision(
 ) -> tuple[Precision, list | None]:
     """Every batch size at ``dtype`` (one ``exit_outputs`` pass each); the curve, the bounds
     and the choice from the first batch size's pass. Raises ``TargetError``."""
-    out = Precision(dtype)
+    out = Precision(dtype, backend)
+    label = dtype if len(args.backend) == 1 else f"{dtype} on {backend}"
     first = args.batch_sizes[0]
     exit_logits, targets = exits = collect_exits(model, batches[first], head)
     scores = exit_accuracies(exit_logits, targets)
-    out.note = f"{dtype}:\n\n{format_layer_scores(scores, model.num_layers)}\n"
+    out.note = f"{label}:\n\n{format_layer_scores(scores, model.num_layers)}\n"
     if thresholds is None and not policy_kind(args.policy).calibrated:
         thresholds = sweep_thresholds(args.thresholds, args.policy, exit_logits, num_classes)
     policies = _policies(args, exits, num_classes, thresholds)
-    out.oracles = oracle_rows(exit_logits, targets, first, dtype)
+    out.oracles = oracle_rows(exit_logits, targets, first, label)
     if target is not None and target.max_accuracy_drop is not None:
         out.choice = deploy.choose(args.policy, exit_logits, targets, target, split=args.split)
         if out.choice.policy not in policies:
@@ -297,18 +315,18 @@ def _sweep_precision(
         pass_ = exits if size == first else collect_exits(model, batches[size], head)
         out.rows += sweep(
             model, batches[size], policies, head, args.repeats, size, _progress, exits=pass_,
-            dtype=dtype,
+            dtype=label,
         )  # fmt: skip
     part = [r for r in out.rows if r["batch_size"] == first]
     if target is not None and target.target_speedup is not None:
         out.choice = deploy.choose(args.policy, exit_logits, targets, target, part, args.split)
-    extra: dict[str, Any] = {"batch_size": first, "backend": args.backend}
+    extra: dict[str, Any] = {"batch_size": first, "backend": backend}
     if reference is not None:
         final = exit_logits[-1][1].argmax(-1).cpu()
         agree = 100.0 * float(final.eq(reference).double().mean())
         extra["full_agreement_with_fp32"] = round(agree, 4)
         out.note += (
-            f"full depth at {dtype}: accuracy {part[0]['accuracy']:.2f}%, agreement with fp32 "
+            f"full depth at {label}: accuracy {part[0]['accuracy']:.2f}%, agreement with fp32 "
             f"{agree:.2f}%\n"
         )
     if out.choice is not None:
@@ -322,6 +340,18 @@ def _sweep_precision(
             extra["full_ms_per_example"] = round(timed["full_ms"], 4)
         out.entry = deploy.entry(out.choice, exit_logits, targets, args.head_cost, **extra)
     return out, thresholds
+
+
+def _fastest(tried: list[Precision]) -> Precision:
+    """The one of a precision's backends whose chosen policy ran fastest per row at the first
+    batch size (the only one when one was tried or nothing was chosen); its entry records
+    every backend's time."""
+    timed = [p for p in tried if p.entry is not None and "ms_per_example" in p.entry]
+    if len(tried) == 1 or len(timed) < len(tried):
+        return tried[0]
+    best = min(timed, key=lambda p: p.entry["ms_per_example"])  # type: ignore[index]
+    best.entry["timed_backends"] = {p.backend: p.entry["ms_per_example"] for p in timed}
+    return best
 
 
 def _replaced_policy(checkpoint: str, fingerprint: str) -> str:
@@ -347,14 +377,14 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
     _resolve_positionals(parser, args)
     if args.repeats < 0:
         parser.error(f"--repeats must be >= 0, got {args.repeats}")
-    ort = args.backend == "onnxruntime"
+    ort = "onnxruntime" in args.backend
     use_cuda = torch.cuda.is_available() and not args.cpu and not ort
     try:
         target = check_flags(args, use_cuda)
         if ort:
             require_onnxruntime()  # its error names the install command
             other = [d for d in args.dtypes if d not in ORT_DTYPES]
-            if other:
+            if other and args.backend == ["onnxruntime"]:
                 raise ValueError(
                     f"--backend onnxruntime runs fp32 or int8, not --dtypes {','.join(other)}"
                 )
@@ -381,25 +411,39 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
                 [model(t, classification_head_name=head)[0].argmax(-1).cpu()
                  for t, _ in batches[args.batch_sizes[0]]]
             )  # fmt: skip
-    found: list[Precision] = []
+    found: list[Precision] = []  # every (precision, backend), for the table
+    chosen: list[Precision] = []  # per precision, the backend whose policy ran faster
     thresholds = None
+    cache = args.onnx_cache or Path(args.checkpoint).parent / ONNX_CACHE
     for number, dtype in enumerate(args.dtypes):
         last = number == len(args.dtypes) - 1
-        if ort:  # the fp32 model exported segment by segment, its sessions at dtype
-            cache = args.onnx_cache or Path(args.checkpoint).parent / ONNX_CACHE
-            model_d = OrtEarlyExit(
-                model, head, cache, dtype, None, loaded.fingerprint, shared_pool=True
-            )
-        else:
-            model_d = prepare_for_inference(model if last else copy.deepcopy(model), dtype)
-        try:
-            result, thresholds = _sweep_precision(
-                args, model_d, dtype, batches, head, num_classes, target, reference, thresholds
-            )
-        except TargetError as e:
-            raise TargetError(f"{dtype}: {e}") from None
-        found.append(result)
-        del model_d
+        backends = [b for b in args.backend if b != "onnxruntime" or dtype in ORT_DTYPES]
+        backends.sort(key=lambda b: b != "onnxruntime")  # it exports the fp32 model first
+        tried, failed = [], []
+        for backend in backends:
+            if backend == "onnxruntime":  # the fp32 model exported segment by segment
+                model_d = OrtEarlyExit(
+                    model, head, cache, dtype, None, loaded.fingerprint, shared_pool=True
+                )
+            else:
+                model_d = prepare_for_inference(model if last else copy.deepcopy(model), dtype)
+            try:
+                result, thresholds = _sweep_precision(
+                    args, model_d, dtype, backend, batches, head, num_classes, target,
+                    reference, thresholds,
+                )  # fmt: skip
+            except TargetError as e:
+                failed.append(f"{dtype}{f' on {backend}' if len(backends) > 1 else ''}: {e}")
+                continue
+            finally:
+                del model_d
+            tried.append(result)
+        if not tried:
+            raise TargetError("; ".join(failed))
+        for message in failed:  # another backend's policy was deployable
+            _progress(f"not deployed: {message}")
+        found += tried
+        chosen.append(_fastest(tried))
 
     rows = [r for p in found for r in p.rows]
     oracles = [r for p in found for r in p.oracles]
@@ -412,7 +456,7 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
         f"# early-exit sweep: {Path(args.checkpoint).name}, split {args.split} "
         f"({rows[0]['examples']} examples), policy {args.policy}, {model.num_layers} layers, "
         f"exits at {', '.join(map(str, model.shallow_exit_layers))} + {model.num_layers}\n"
-        f"# device: {_machine(device)}; backend {args.backend}; dtypes "
+        f"# device: {_machine(device)}; backend {','.join(args.backend)}; dtypes "
         f"{', '.join(args.dtypes)}; {timing}\n"
     )
     print(f"Accuracy of every exit (one pass over all exits, batch {args.batch_sizes[0]}):\n")
@@ -422,16 +466,20 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
         write_table(rows + oracles, args.out)
         print(f"\nwrote {args.out}")
     if target is not None:
-        entries = {p.dtype: p.entry for p in found if p.entry is not None}
+        entries = {p.dtype: p.entry for p in chosen if p.entry is not None}
         chosen_by = {"split": args.split, "examples": rows[0]["examples"]}
         replaced = _replaced_policy(args.checkpoint, loaded.fingerprint)
         path = deploy.save(args.checkpoint, entries, target, loaded.fingerprint, **chosen_by)
         if replaced:
             print(f"\nreplaced {path}, which was chosen on other weights ({replaced})")
         print("\nchosen (" + ", ".join(f"{k} {v}" for k, v in target.describe().items()) + "):")
-        for p in found:
+        for p in chosen:
             print("  " + _describe(p.dtype, p.choice, p.entry, args.split))
-        on = " on onnxruntime (acl-fairseq-predict's default backend now)" if ort else ""
+        on = (
+            " on onnxruntime (acl-fairseq-predict's default backend now)"
+            if chosen[0].backend == "onnxruntime"
+            else ""
+        )
         print(
             f"wrote {path}: acl-fairseq-predict and predict_early_exit use {args.dtypes[0]} "
             f"and its policy{on} when no policy is given (--dtype picks another precision's)"
