@@ -158,6 +158,20 @@ def test_policy_file_with_precisions_round_trips(tmp_path: Path) -> None:
     assert policy == int8 and "chosen at int8, none for bf16" in note
     assert "--dtypes bf16" in note
     assert saved.describe().startswith("dtype int8, target {'max_accuracy_drop': 1.0}, ")
+    assert saved.backend_at() is None and saved.backend_at("fp32") is None  # none recorded
+
+    # a sweep over both backends: each precision's entry names its own, the default's on top
+    write_policy(
+        ckpt, int8, dtype="int8", backend="onnxruntime",
+        by_dtype={"int8": {"policy": int8, "backend": "onnxruntime"},
+                  "fp32": {"policy": fp32, "backend": "fairseq"}},
+    )  # fmt: skip
+    saved = read_policy(ckpt)
+    assert saved.backend_at() == saved.backend_at("int8") == "onnxruntime"
+    assert saved.backend_at("fp32") == "fairseq" and saved.backend_at("bf16") is None
+    write_policy(ckpt, int8, dtype="int8", backend="onnxruntime")  # an older, one-backend file
+    assert read_policy(ckpt).backend_at("int8") == "onnxruntime"
+    assert read_policy(ckpt).backend_at("fp32") is None
     # a file without a precision is fp32 (older files)
     write_policy(ckpt, EntropyPolicy(0.2))
     assert read_policy(ckpt).dtype == "fp32" and read_policy(ckpt).for_dtype("fp32")

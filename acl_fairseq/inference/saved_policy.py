@@ -23,10 +23,9 @@ keeps its fingerprint.
 ``dtype``, fp32 for a file without one); ``by_dtype`` holds the policy chosen at each precision
 the sweep measured (``--dtype bf16`` picks the bf16 one). ``backend`` (``onnxruntime`` when the
 sweep chose on the ONNX Runtime segments; each ``by_dtype`` entry has its own, ``backend_at``)
-is ``predict``'s default ``--backend``. ``exits``
-(the shallow exits whose heads run: the rest are skipped) and every other field are for the
-reader. Policies are read
-through the registry (``parse_policy``) and precisions through ``check_precision``.
+is ``predict``'s default ``--backend``. ``exits`` (the shallow exits whose heads run: the rest
+are skipped) and every other field are for the reader. Policies are read through the registry
+(``parse_policy``) and precisions through ``check_precision``.
 
 No fairseq import: this is the one reader and writer of that file.
 """
