@@ -335,29 +335,11 @@ def _ints(text: str) -> list[int]:
 
 
 def head_costs(text: str) -> tuple[float, dict[str, float]]:
-    """``--head-cost``: ``COST`` for every system, then ``SYSTEM=COST`` for one (a precision,
-    or ``ort`` for this project on ORT int8), e.g. ``0.1,int8=0.2``."""
-    default, own = 0.0, {}
-    for item in (v.strip() for v in text.split(",")):
-        name, _, value = item.rpartition("=")
-        try:
-            cost = float(value)
-        except ValueError:
-            raise ValueError(f"--head-cost: {item!r} is not COST or SYSTEM=COST") from None
-        if not cost >= 0:
-            raise ValueError(f"--head-cost must be >= 0 layers, got {item!r}")
-        if name == "ort":
-            own[ORT_PROJECT] = cost
-        elif name:
-            try:
-                own[check_precision(name)] = cost
-            except ValueError:
-                raise ValueError(
-                    f"--head-cost: unknown system {name!r} (fp32, bf16, int8 or ort)"
-                ) from None
-        else:
-            default = cost
-    return default, own
+    """``--head-cost`` (``deploy.head_costs``) as ``(default, {system: cost})``: ``ort`` or
+    ``onnxruntime`` names this project on ORT int8."""
+    costs = deploy.head_costs(text)
+    own = {ORT_PROJECT if k == "onnxruntime" else k: v for k, v in costs.own.items()}
+    return costs.default, own
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -292,6 +292,47 @@ def test_sweep_deploys_no_policy_timed_slower_than_full_depth(model_class, one_t
     assert "--head-cost" in message and "--repeats 0" in message
 
 
+def test_head_costs_by_precision_and_backend() -> None:
+    from acl_fairseq.inference.deploy import head_costs
+
+    costs = head_costs("0.08, int8=0.15,ort=0.4")
+    assert costs.default == 0.08 and costs.own == {"int8": 0.15, "onnxruntime": 0.4}
+    assert costs.at("fp32") == 0.08 and costs.at("int8") == 0.15
+    assert costs.at("int8", "onnxruntime") == costs.at("fp32", "onnxruntime") == 0.4
+    assert head_costs("0.2,bf16=0").at("fp32", "onnxruntime") == 0.2  # no onnxruntime entry
+    for bad, match in [("int4=0.1", "unknown name 'int4'"), ("int8=x", "not COST or NAME=COST"),
+                       ("-1", ">= 0")]:  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            head_costs(bad)
+
+
+def test_a_precision_own_head_cost_chooses_its_policy(one_thread) -> None:
+    """``--head-cost 0,fp32=0.3``: the fp32 per-exit policy is calibrated at 0.3 layers an exit
+    (the one ``deploy.choose`` gives at that cost, fewer exits than at 0), recorded in its
+    entry."""
+    from acl_fairseq.cli.sweep.cli import _sweep_precision, build_parser
+    from acl_fairseq.early_exit.thresholds import collect_exits
+    from acl_fairseq.inference.deploy import DeployTarget, choose
+
+    batches, _ = _fake_batches()
+    flags = ["ck.pt", "data", "--policy", "per_exit_entropy", "--batch-sizes", "8", "--repeats",
+             "0", "--max-accuracy-drop", "0"]  # fmt: skip
+    model = FakeMultiExit()
+    exit_logits, targets = collect_exits(model, batches, HEAD)
+    chosen = {}
+    for spec in ("0", "0,fp32=0.3", "0,int8=0.3"):
+        args = build_parser().parse_args([*flags, "--head-cost", spec])
+        target = DeployTarget(max_accuracy_drop=0, head_cost=args.head_cost.default)
+        out, _ = _sweep_precision(
+            args, model, "fp32", "fairseq", {8: batches}, HEAD, 2, target, None, None
+        )
+        chosen[spec] = out.choice.policy
+        assert ("head_cost" in out.entry) == (spec != "0")
+    dear = choose("per_exit_entropy", exit_logits, targets, DeployTarget(0, head_cost=0.3))
+    assert chosen["0,fp32=0.3"] == dear.policy and chosen["0,int8=0.3"] == chosen["0"]
+    assert len(dear.policy.layers) < len(chosen["0"].layers)
+
+
 # ----------------------------------------------------------------------------- end to end
 
 TRAIN = train_args(

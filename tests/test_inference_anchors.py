@@ -108,7 +108,7 @@ def test_head_cost_per_system():
     assert anchors.head_costs("0.03") == (0.03, {})
     default, own = anchors.head_costs("0.08, int8=0.15,ort=0.2")
     assert default == 0.08 and own == {"int8": 0.15, anchors.ORT_PROJECT: 0.2}
-    for bad, match in [("int4=0.1", "unknown system 'int4'"), ("int8=x", "not COST"),
+    for bad, match in [("int4=0.1", "unknown name 'int4'"), ("int8=x", "not COST"),
                        ("-1", ">= 0")]:  # fmt: skip
         with pytest.raises(ValueError, match=match):
             anchors.head_costs(bad)

@@ -35,7 +35,62 @@ from ..early_exit.risk_control import risk_controlled_kind
 from ..early_exit.thresholds import ExitLogits, TargetError, choose_row
 from .saved_policy import write_policy
 
-__all__ = ["Choice", "DeployTarget", "check_measured", "choose", "entry", "save"]
+__all__ = [
+    "Choice",
+    "DeployTarget",
+    "HeadCosts",
+    "check_measured",
+    "choose",
+    "entry",
+    "head_costs",
+    "save",
+]
+
+ORT_BACKEND = "onnxruntime"
+
+
+class HeadCosts(NamedTuple):
+    """``--head-cost``: an exit head's cost in layers, by precision or on ONNX Runtime (whose
+    exits are session boundaries), else ``default``."""
+
+    default: float
+    own: dict[str, float]
+
+    def at(self, dtype: str, backend: str = "fairseq") -> float:
+        """The cost for ``dtype`` on ``backend``: the backend's own for onnxruntime, else the
+        precision's, else the default."""
+        if backend == ORT_BACKEND and ORT_BACKEND in self.own:
+            return self.own[ORT_BACKEND]
+        return self.own.get(dtype, self.default)
+
+
+def head_costs(text: str) -> HeadCosts:
+    """``COST`` for every precision and backend, then ``NAME=COST`` for one: a precision
+    (fp32, bf16, int8) or ``onnxruntime`` (``ort``), e.g. ``0.1,int8=0.2,onnxruntime=0.4``.
+    Raises ``ValueError`` naming ``--head-cost``."""
+    from .precision import check_precision
+
+    default, own = 0.0, {}
+    for item in (v.strip() for v in text.split(",")):
+        name, _, value = item.rpartition("=")
+        try:
+            cost = float(value)
+        except ValueError:
+            raise ValueError(f"--head-cost: {item!r} is not COST or NAME=COST") from None
+        if not cost >= 0:
+            raise ValueError(f"--head-cost must be >= 0 layers, got {item!r}")
+        if name in (ORT_BACKEND, "ort"):
+            own[ORT_BACKEND] = cost
+        elif name:
+            try:
+                own[check_precision(name)] = cost
+            except ValueError:
+                raise ValueError(
+                    f"--head-cost: unknown name {name!r} (fp32, bf16, int8 or onnxruntime)"
+                ) from None
+        else:
+            default = cost
+    return HeadCosts(default, own)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from acl_fairseq.early_exit.policies import make_policy, policy_kind
 from acl_fairseq.early_exit.thresholds import Quantiles
-from acl_fairseq.inference.deploy import DeployTarget
+from acl_fairseq.inference.deploy import DeployTarget, HeadCosts, head_costs
 from acl_fairseq.inference.onnx_runtime import BACKENDS
 from acl_fairseq.inference.precision import check_precision
 
@@ -100,6 +100,14 @@ def backend_list(text: str) -> list[str]:
     return values
 
 
+def head_cost_spec(text: str) -> HeadCosts:
+    """``--head-cost``: ``C[,NAME=C]`` (``deploy.head_costs``)."""
+    try:
+        return head_costs(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("--head-cost: ", "")) from None
+
+
 def check_flags(args: argparse.Namespace, use_cuda: bool) -> DeployTarget | None:
     """The deploy target of the flags (None without one); ``ValueError`` naming the flag of a
     combination that cannot work."""
@@ -147,7 +155,7 @@ def check_flags(args: argparse.Namespace, use_cuda: bool) -> DeployTarget | None
         target_speedup=args.target_speedup,
         constraint=args.constraint,
         risk_control=args.risk_control,
-        head_cost=args.head_cost,
+        head_cost=args.head_cost.default,
         patience=args.patience,
     )
     target.check()

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -81,6 +82,7 @@ from acl_fairseq.cli.sweep.checks import (
     check_flags,
     dtype_list,
     float_list,
+    head_cost_spec,
     int_list,
     threshold_spec,
 )
@@ -184,12 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target.add_argument(
         "--head-cost",
-        type=float,
-        default=0.03,
-        metavar="C",
+        type=head_cost_spec,
+        default=deploy.head_costs("0.03"),
+        metavar="C[,NAME=C]",
         help="an exit head's time in layers (larger at batch 1 and in bf16 / int8 than at "
-        "batch 32; benchmarks/exit_cost_batch1.py measures yours): per-exit kinds skip the "
-        "exits that do not pay for their head",
+        "batch 32, largest on onnxruntime; benchmarks/exit_cost_batch1.py measures yours), "
+        "then NAME=C for a precision or onnxruntime, e.g. 0.1,int8=0.2,onnxruntime=0.4: "
+        "per-exit kinds skip the exits that do not pay for their head"
+        ' (default "0.03")',
     )
     parser.add_argument(
         "--backend",
@@ -270,15 +274,14 @@ class Precision:
         self.entry: dict[str, Any] | None = None
 
 
-def _policies(args: argparse.Namespace, exits: Any, num_classes: int, thresholds: Any) -> list:
+def _policies(args: argparse.Namespace, exits: Any, thresholds: Any, head_cost: float) -> list:
     """The rows' policies at one precision: the kind's thresholds (from the first precision's
     pass, so that rows line up) or, for a calibrated kind, its policies at each target."""
     exit_logits, targets = exits
     if policy_kind(args.policy).calibrated:
         drops = sorted({*(args.drops or DEFAULT_DROPS), args.max_accuracy_drop or 0.0})
         return calibrated_family(
-            args.policy, exit_logits, targets, drops, args.constraint, args.head_cost,
-            args.patience,
+            args.policy, exit_logits, targets, drops, args.constraint, head_cost, args.patience,
         )  # fmt: skip
     return [make_policy(args.policy, t) for t in thresholds]
 
@@ -299,13 +302,16 @@ def _sweep_precision(
     and the choice from the first batch size's pass. Raises ``TargetError``."""
     out = Precision(dtype, backend)
     label = dtype if len(args.backend) == 1 else f"{dtype} on {backend}"
+    head_cost = args.head_cost.at(dtype, backend)  # --head-cost NAME=COST: its own
+    if target is not None:
+        target = dataclasses.replace(target, head_cost=head_cost)
     first = args.batch_sizes[0]
     exit_logits, targets = exits = collect_exits(model, batches[first], head)
     scores = exit_accuracies(exit_logits, targets)
     out.note = f"{label}:\n\n{format_layer_scores(scores, model.num_layers)}\n"
     if thresholds is None and not policy_kind(args.policy).calibrated:
         thresholds = sweep_thresholds(args.thresholds, args.policy, exit_logits, num_classes)
-    policies = _policies(args, exits, num_classes, thresholds)
+    policies = _policies(args, exits, thresholds, head_cost)
     out.oracles = oracle_rows(exit_logits, targets, first, label)
     if target is not None and target.max_accuracy_drop is not None:
         out.choice = deploy.choose(args.policy, exit_logits, targets, target, split=args.split)
@@ -338,7 +344,9 @@ def _sweep_precision(
             )
             extra["ms_per_example"] = round(timed["early_ms"], 4)
             extra["full_ms_per_example"] = round(timed["full_ms"], 4)
-        out.entry = deploy.entry(out.choice, exit_logits, targets, args.head_cost, **extra)
+        out.entry = deploy.entry(out.choice, exit_logits, targets, head_cost, **extra)
+        if args.head_cost.own:  # NAME=COST given: the cost this entry was chosen at
+            out.entry["head_cost"] = head_cost
     return out, thresholds
 
 
@@ -468,6 +476,8 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
     if target is not None:
         entries = {p.dtype: p.entry for p in chosen if p.entry is not None}
         chosen_by = {"split": args.split, "examples": rows[0]["examples"]}
+        if args.head_cost.own:
+            chosen_by["head_costs"] = dict(args.head_cost.own)
         replaced = _replaced_policy(args.checkpoint, loaded.fingerprint)
         path = deploy.save(args.checkpoint, entries, target, loaded.fingerprint, **chosen_by)
         if replaced:
