@@ -12,6 +12,7 @@ from typing import ClassVar
 import pytest
 import torch
 
+from acl_fairseq.early_exit.learned import FEATURES, LearnedPolicy, split_features
 from acl_fairseq.early_exit.per_exit import PerExitEntropyPolicy, PerExitMaxProbPolicy
 from acl_fairseq.early_exit.policies import (
     EntropyPolicy,
@@ -132,6 +133,43 @@ def test_host_decisions_with_ties_and_non_finite_logits():
             assert [decider.leave(x) for x in seq] == _reference(policy, seq), policy.spec
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_learned_host_decisions_equal_the_policys(k, monkeypatch):
+    """The learned kind on the host: random weights, thresholds at random, at a row's exact
+    float32 logit and one float either side of it, ties and non-finite logits: its decisions
+    and its state (run of agreeing exits) are the tensor's; near the threshold the tensor
+    decides (counted, so both routes run)."""
+    calls = {"tensor": 0}
+    on_tensor = RowDecider._learned_on_tensor
+
+    def counting(self, logits):
+        calls["tensor"] += 1
+        return on_tensor(self, logits)
+
+    monkeypatch.setattr(RowDecider, "_learned_on_tensor", counting)
+    gen = torch.Generator().manual_seed(k)
+    hosted = 0
+    seqs = list(_logit_sequences(k, 4, 60, seed=10 + k))
+    seqs.append([torch.tensor([[1.0] * k]), torch.tensor([[float("nan")] + [0.0] * (k - 1)])])
+    seqs.append([torch.tensor([[2.0] + [0.0] * (k - 1)])] * 4)  # a run of agreeing exits
+    for n, seq in enumerate(seqs):
+        weights = tuple((torch.randn(len(FEATURES), generator=gen) * 3).tolist())
+        base = LearnedPolicy(0.5, weights, float(torch.randn(1, generator=gen)))
+        edge = float(base.logit(split_features(seq)[0, n % len(seq)]))  # on a knife's edge
+        policies = [base.with_threshold(t) for t in (0.0, 0.3, 0.7, 1.0)]
+        if math.isfinite(edge):
+            for z in (edge, math.nextafter(edge, -math.inf), math.nextafter(edge, math.inf)):
+                p = 1.0 / (1.0 + math.exp(-z))
+                policies.append(base.with_threshold(p))
+        for policy in policies:
+            decider = RowDecider(policy, torch.device("cpu"))
+            assert decider.hosted
+            got = [decider.leave(logits) for logits in seq]
+            assert got == _reference(policy, seq), (policy.spec, seq)
+            hosted += len(seq)
+    assert 0 < calls["tensor"] < hosted, calls
+
+
 def test_unknown_kind_decides_on_the_tensor():
     decider = RowDecider(MarginPolicy(), torch.device("cpu"))
     assert not decider.hosted
@@ -159,7 +197,16 @@ def _policies(model, tokens):
         PerExitEntropyPolicy((1, 2, 3), (1e-30,) * 3, patience=1),
         MarginPolicy(_midpoint(exits[0].logits[:, 0] - exits[0].logits[:, 1])),
         EntropyPolicy(1e-30),  # evaluated everywhere, nobody leaves
+        _learned(exits),
     ]
+
+
+def _learned(exits):
+    """A learned policy whose threshold splits the rows at the first exit."""
+    weights = {"maxprob": 4.0, "margin": 2.0, "entropy": -1.0, "agree": 1.0, "run": 0.5}
+    learned = LearnedPolicy(0.5, tuple(weights.get(f, 0.3) for f in FEATURES), -3.0)
+    z = learned.logit(split_features([o.logits for o in exits[:-1]])[:, 0])
+    return learned.with_threshold(float(torch.sigmoid(torch.tensor(_midpoint(z)))))
 
 
 @pytest.mark.parametrize(

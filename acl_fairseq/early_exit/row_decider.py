@@ -1,12 +1,13 @@
 """The exit decisions of a policy for one running row, on the host where the kind allows.
 
 At batch 1 each tensor op costs a fixed few microseconds more than its arithmetic, so the
-built-in kinds (``entropy``, ``maxprob``, ``patience``, ``per_exit_*``) apply their rule to the
-row's logits on the host in float64 (the logits come over once, ``tolist``). The policy decides
-in float32 on the tensor, so when a score lies within a bound of its threshold far above
-float32's rounding (or a logit is not finite, or the top two tie) the policy's own ``decide``
-runs on the tensor: the decisions are the policy's, exactly. Other kinds always decide on the
-tensor. Used by the torch loop's batch-1 path and by the ONNX Runtime backend.
+built-in kinds (``entropy``, ``maxprob``, ``patience``, ``per_exit_*``, ``learned``) apply their
+rule to the row's logits on the host in float64 (the logits come over once, ``tolist``). The
+policy decides in float32 on the tensor, so when a score (the learned kind: its logit) lies
+within a bound of its threshold far above float32's rounding (or a logit is not finite, or the
+top two tie) the policy's own ``decide`` runs on the tensor: the decisions are the policy's,
+exactly. Other kinds always decide on the tensor. Used by the torch loop's batch-1 path and by
+the ONNX Runtime backend.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import torch
 from torch import Tensor
 
+from .learned import LearnedPolicy, probability_logit
 from .per_exit import PerExitEntropyPolicy, PerExitMaxProbPolicy, PerExitPolicy
 from .policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, PatiencePolicy
 
@@ -34,6 +36,46 @@ _RULES = {
 }
 
 
+class _LearnedRow:
+    """``LearnedPolicy``'s features (``learned.exit_features``) and logit for one row, on the
+    host in float64, with its state (previous prediction, PABEE's counter, exits passed)."""
+
+    def __init__(self, policy: LearnedPolicy) -> None:
+        self.weights = torch.tensor(policy.weights, dtype=torch.float32).tolist()  # as it runs
+        self.bias = float(torch.tensor(policy.bias, dtype=torch.float32))
+        self.cut = probability_logit(policy.threshold)  # float32's, as the policy compares
+        self.prev, self.counter, self.step = -1, 0.0, 0.0
+
+    def state(self, device: torch.device) -> dict[str, Tensor]:
+        return {
+            "prev_pred": torch.tensor([self.prev], device=device),
+            "counter": torch.tensor([self.counter], dtype=torch.float32, device=device),
+            "step": torch.tensor([self.step], dtype=torch.float32, device=device),
+        }
+
+    def logit(self, values: list[float]) -> tuple[float, float, tuple[int, float, float]]:
+        """``(z, bound, new state)`` for the row's finite logits ``values`` with one top: the
+        float64 logit and a bound far above float32's error on it."""
+        top = max(values)
+        exps = [math.exp(v - top) for v in values]
+        total = sum(exps)
+        probs = sorted(e / total for e in exps)
+        margin = probs[-1] - probs[-2] if len(probs) > 1 else probs[-1]
+        entropy = math.log(total) - sum(e * (v - top) for e, v in zip(exps, values)) / total
+        pred = values.index(top)
+        same = 1.0 if pred == self.prev else 0.0
+        counter, step = (self.counter + 1.0) * same, self.step + 1.0
+        features = (probs[-1], margin, entropy, same, counter, step)
+        z = self.bias + sum(w * f for w, f in zip(self.weights, features))
+        size = (
+            1.0
+            + abs(self.bias)
+            + sum(abs(w) * (1.0 + abs(f)) for w, f in zip(self.weights, features))
+        )
+        bound = SLACK * size * (top - min(values) + len(values) + 1.0)
+        return z, bound, (pred, counter, step)
+
+
 class RowDecider:
     """The exit decisions of ``policy`` for one running row, on the host where the kind is a
     built-in one (``hosted``), else on the tensor; call ``leave`` at the policy's exits only,
@@ -44,7 +86,8 @@ class RowDecider:
         self.device = device
         kind = type(policy)
         self.rule = _RULES.get(kind)
-        self.hosted = self.rule is not None or kind is PatiencePolicy
+        self.learned = _LearnedRow(policy) if kind is LearnedPolicy else None
+        self.hosted = self.rule is not None or kind is PatiencePolicy or self.learned is not None
         self.per_exit = isinstance(policy, PerExitPolicy)
         self.patience: int | None = getattr(policy, "patience", None)
         if self.per_exit:
@@ -68,8 +111,32 @@ class RowDecider:
             self.counter, self.prev = int(new["counter"]), int(new["prev_pred"])
         return bool(mask)
 
+    def _learned_leave(self, logits: Tensor) -> bool:
+        row = self.learned
+        assert row is not None
+        values = logits.tolist()[0]
+        check = sum(values)
+        top = max(values)
+        if check - check != 0.0 or values.count(top) > 1:  # not finite, or argmax's tie
+            return self._learned_on_tensor(logits)
+        z, bound, (pred, counter, step) = row.logit(values)
+        if abs(z - row.cut) <= bound:  # too close to call in float64
+            return self._learned_on_tensor(logits)
+        row.prev, row.counter, row.step = pred, counter, step
+        return z >= row.cut
+
+    def _learned_on_tensor(self, logits: Tensor) -> bool:
+        row = self.learned
+        assert row is not None
+        mask, new = self.policy.decide(logits, row.state(self.device))
+        row.prev, row.counter = int(new["prev_pred"]), float(new["counter"])
+        row.step = float(new["step"])
+        return bool(mask)
+
     def leave(self, logits: Tensor) -> bool:
         """Whether the row leaves at this exit (``logits``: 1 x K float32)."""
+        if self.learned is not None:
+            return self._learned_leave(logits)
         if not self.hosted:
             mask, self.state = self.policy.decide(logits, self.state)
             return bool(mask)
