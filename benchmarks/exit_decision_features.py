@@ -35,6 +35,7 @@ import acl_fairseq  # noqa: F401  (registers the plugin)
 from acl_fairseq.data.splits import load_batches
 from acl_fairseq.early_exit.learned import fit_logistic, split_features
 from acl_fairseq.early_exit.learned_calibration import best_threshold, exit_costs, fold_ids
+from acl_fairseq.early_exit.thresholds import oracle_exits
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
@@ -143,10 +144,8 @@ def report(test: Pass, scores: Tensor, threshold: float) -> dict[str, float]:
 
 def oracle_speedup(p: Pass) -> float:
     """Layer-count speed-up of leaving at the earliest exit that agrees with the final one."""
-    first = torch.full((len(p.targets),), float(p.layers[-1]))
-    for e in range(len(p.layers) - 2, -1, -1):
-        first = torch.where(agreement(p)[e], float(p.layers[e]), first)
-    return p.layers[-1] / float(first.mean())
+    layers, _ = oracle_exits(list(zip(p.layers, p.logits)), None)
+    return p.layers[-1] / float(layers.double().mean())
 
 
 def _floats(text: str) -> list[float]:

@@ -12,6 +12,7 @@ from typing import ClassVar
 import pytest
 import torch
 
+from acl_fairseq.early_exit import row_decider
 from acl_fairseq.early_exit.learned import FEATURES, LearnedPolicy, split_features
 from acl_fairseq.early_exit.per_exit import PerExitEntropyPolicy, PerExitMaxProbPolicy
 from acl_fairseq.early_exit.policies import (
@@ -78,19 +79,35 @@ def _on_score(policy_kind, logits):
     return float(MaxProbPolicy.score(logits)[0])
 
 
+def _count_tensor_decisions(monkeypatch, owner, name) -> dict[str, int]:
+    """Counts the calls of ``owner.name`` (a decision handed to the tensor) in ``["tensor"]``."""
+    calls = {"tensor": 0}
+    method = getattr(owner, name)
+
+    def counting(self, *args):
+        calls["tensor"] += 1
+        return method(self, *args)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
+
+
+def _assert_host_decisions(policies, seq) -> int:
+    """Each policy's host decisions along ``seq`` are its tensor decisions; the decisions made."""
+    for policy in policies:
+        decider = RowDecider(policy, torch.device("cpu"))
+        assert decider.hosted
+        got = [decider.leave(logits) for logits in seq]
+        assert got == _reference(policy, seq), (policy.spec, seq)
+    return len(policies) * len(seq)
+
+
 @pytest.mark.parametrize("k", [2, 3, 7])
 def test_host_decisions_equal_the_policies_decisions(k, monkeypatch):
     """Every built-in kind, thresholds at random, at a row's exact float32 score and one float
     either side of it: the host's decisions are the tensor's; near a threshold the tensor
     decides (counted, so both routes run)."""
-    calls = {"tensor": 0}
-    on_tensor = RowDecider._on_tensor
-
-    def counting(self, logits, step):
-        calls["tensor"] += 1
-        return on_tensor(self, logits, step)
-
-    monkeypatch.setattr(RowDecider, "_on_tensor", counting)
+    calls = _count_tensor_decisions(monkeypatch, RowDecider, "_on_tensor")
     hosted = 0
     for n, seq in enumerate(_logit_sequences(k, 3, 80, seed=k)):
         policies: list[ExitPolicy] = [PatiencePolicy(0), PatiencePolicy(1), PatiencePolicy(2)]
@@ -106,12 +123,7 @@ def test_host_decisions_equal_the_policies_decisions(k, monkeypatch):
                 thresholds = tuple(single.clip(v) for v in thresholds)
                 policies.append(per_exit((1, 2, 3), thresholds))
                 policies.append(per_exit((1, 2, 3), thresholds, patience=1))
-        for policy in policies:
-            decider = RowDecider(policy, torch.device("cpu"))
-            assert decider.hosted
-            got = [decider.leave(logits) for logits in seq]
-            assert got == _reference(policy, seq), (policy.spec, seq)
-            hosted += len(seq)
+        hosted += _assert_host_decisions(policies, seq)
     assert 0 < calls["tensor"] < hosted, calls  # both routes run
 
 
@@ -139,14 +151,7 @@ def test_learned_host_decisions_equal_the_policys(k, monkeypatch):
     float32 logit and one float either side of it, ties and non-finite logits: its decisions
     and its state (run of agreeing exits) are the tensor's; near the threshold the tensor
     decides (counted, so both routes run)."""
-    calls = {"tensor": 0}
-    on_tensor = RowDecider._learned_on_tensor
-
-    def counting(self, logits):
-        calls["tensor"] += 1
-        return on_tensor(self, logits)
-
-    monkeypatch.setattr(RowDecider, "_learned_on_tensor", counting)
+    calls = _count_tensor_decisions(monkeypatch, row_decider._LearnedRow, "on_tensor")
     gen = torch.Generator().manual_seed(k)
     hosted = 0
     seqs = list(_logit_sequences(k, 4, 60, seed=10 + k))
@@ -161,12 +166,7 @@ def test_learned_host_decisions_equal_the_policys(k, monkeypatch):
             for z in (edge, math.nextafter(edge, -math.inf), math.nextafter(edge, math.inf)):
                 p = 1.0 / (1.0 + math.exp(-z))
                 policies.append(base.with_threshold(p))
-        for policy in policies:
-            decider = RowDecider(policy, torch.device("cpu"))
-            assert decider.hosted
-            got = [decider.leave(logits) for logits in seq]
-            assert got == _reference(policy, seq), (policy.spec, seq)
-            hosted += len(seq)
+        hosted += _assert_host_decisions(policies, seq)
     assert 0 < calls["tensor"] < hosted, calls
 
 

@@ -303,6 +303,15 @@ class LearnedPolicy(ExitPolicy):
             cache[device] = _as_tensors(self.weights, self.bias, device)
         return cache[device]
 
+    def host_weights(self) -> tuple[list[float], float]:
+        """The weights and bias as the policy runs them (float32), as Python floats (cached:
+        the batch-1 path asks at every row)."""
+        cache = self.__dict__
+        if "_host" not in cache:
+            weights, bias = self._weights(torch.device("cpu"))
+            cache["_host"] = (weights.tolist(), float(bias))
+        return cache["_host"]
+
     def logit(self, features: Tensor) -> Tensor:
         """The model's logit for ``... x F`` features (float32); a row leaves where it is at
         least ``probability_logit(threshold)`` (its probability at least the threshold)."""

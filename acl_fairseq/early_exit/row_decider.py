@@ -37,23 +37,41 @@ _RULES = {
 
 
 class _LearnedRow:
-    """``LearnedPolicy``'s features (``learned.exit_features``) and logit for one row, on the
-    host in float64, with its state (previous prediction, PABEE's counter, exits passed)."""
+    """``LearnedPolicy``'s decisions for one row: its features (``learned.exit_features``) and
+    logit on the host in float64, its state (previous prediction, PABEE's counter, exits
+    passed); the policy's ``decide`` on the tensor near the threshold, on a tie or a non-finite
+    logit."""
 
-    def __init__(self, policy: LearnedPolicy) -> None:
-        self.weights = torch.tensor(policy.weights, dtype=torch.float32).tolist()  # as it runs
-        self.bias = float(torch.tensor(policy.bias, dtype=torch.float32))
+    def __init__(self, policy: LearnedPolicy, device: torch.device) -> None:
+        self.policy, self.device = policy, device
+        self.weights, self.bias = policy.host_weights()
         self.cut = probability_logit(policy.threshold)  # float32's, as the policy compares
         self.prev, self.counter, self.step = -1, 0.0, 0.0
 
-    def state(self, device: torch.device) -> dict[str, Tensor]:
-        return {
-            "prev_pred": torch.tensor([self.prev], device=device),
-            "counter": torch.tensor([self.counter], dtype=torch.float32, device=device),
-            "step": torch.tensor([self.step], dtype=torch.float32, device=device),
-        }
+    def leave(self, logits: Tensor) -> bool:
+        values = logits.tolist()[0]
+        check = sum(values)
+        if check - check != 0.0 or values.count(max(values)) > 1:  # not finite, or a tie
+            return self.on_tensor(logits)
+        z, bound, state = self._logit(values)
+        if abs(z - self.cut) <= bound:  # too close to call in float64
+            return self.on_tensor(logits)
+        self.prev, self.counter, self.step = state
+        return z >= self.cut
 
-    def logit(self, values: list[float]) -> tuple[float, float, tuple[int, float, float]]:
+    def on_tensor(self, logits: Tensor) -> bool:
+        """The policy's own ``decide`` on the host state written as tensors."""
+        state = {
+            "prev_pred": torch.tensor([self.prev], device=self.device),
+            "counter": torch.tensor([self.counter], dtype=torch.float32, device=self.device),
+            "step": torch.tensor([self.step], dtype=torch.float32, device=self.device),
+        }
+        mask, new = self.policy.decide(logits, state)
+        self.prev, self.counter = int(new["prev_pred"]), float(new["counter"])
+        self.step = float(new["step"])
+        return bool(mask)
+
+    def _logit(self, values: list[float]) -> tuple[float, float, tuple[int, float, float]]:
         """``(z, bound, new state)`` for the row's finite logits ``values`` with one top: the
         float64 logit and a bound far above float32's error on it."""
         top = max(values)
@@ -86,7 +104,7 @@ class RowDecider:
         self.device = device
         kind = type(policy)
         self.rule = _RULES.get(kind)
-        self.learned = _LearnedRow(policy) if kind is LearnedPolicy else None
+        self.learned = _LearnedRow(policy, device) if kind is LearnedPolicy else None
         self.hosted = self.rule is not None or kind is PatiencePolicy or self.learned is not None
         self.per_exit = isinstance(policy, PerExitPolicy)
         self.patience: int | None = getattr(policy, "patience", None)
@@ -111,32 +129,10 @@ class RowDecider:
             self.counter, self.prev = int(new["counter"]), int(new["prev_pred"])
         return bool(mask)
 
-    def _learned_leave(self, logits: Tensor) -> bool:
-        row = self.learned
-        assert row is not None
-        values = logits.tolist()[0]
-        check = sum(values)
-        top = max(values)
-        if check - check != 0.0 or values.count(top) > 1:  # not finite, or argmax's tie
-            return self._learned_on_tensor(logits)
-        z, bound, (pred, counter, step) = row.logit(values)
-        if abs(z - row.cut) <= bound:  # too close to call in float64
-            return self._learned_on_tensor(logits)
-        row.prev, row.counter, row.step = pred, counter, step
-        return z >= row.cut
-
-    def _learned_on_tensor(self, logits: Tensor) -> bool:
-        row = self.learned
-        assert row is not None
-        mask, new = self.policy.decide(logits, row.state(self.device))
-        row.prev, row.counter = int(new["prev_pred"]), float(new["counter"])
-        row.step = float(new["step"])
-        return bool(mask)
-
     def leave(self, logits: Tensor) -> bool:
         """Whether the row leaves at this exit (``logits``: 1 x K float32)."""
         if self.learned is not None:
-            return self._learned_leave(logits)
+            return self.learned.leave(logits)
         if not self.hosted:
             mask, self.state = self.policy.decide(logits, self.state)
             return bool(mask)

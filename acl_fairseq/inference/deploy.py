@@ -33,6 +33,7 @@ from ..early_exit.calibrate import CONSTRAINTS, calibrate, evaluate
 from ..early_exit.policies import ExitPolicy, make_policy
 from ..early_exit.risk_control import risk_controlled_kind
 from ..early_exit.thresholds import ExitLogits, TargetError, choose_row
+from .onnx_runtime import BACKENDS
 from .saved_policy import write_policy
 
 __all__ = [
@@ -46,7 +47,7 @@ __all__ = [
     "save",
 ]
 
-ORT_BACKEND = "onnxruntime"
+ORT_BACKEND = BACKENDS[1]
 
 
 class HeadCosts(NamedTuple):
@@ -179,7 +180,7 @@ def choose(
     if target.target_speedup is not None:
         row = choose_row(rows, target_speedup=target.target_speedup, constraint=target.constraint)
         choice = Choice(make_policy(row["policy"], row["threshold"]), "swept", {})
-        return _paying(choice, exit_logits, targets, target, split)
+        return _paying(choice, None, exit_logits, target, split, targets)
     drop = float(target.max_accuracy_drop)  # type: ignore[arg-type]
     n = int(targets.numel())
     if target.risk_control is not None:
@@ -202,8 +203,8 @@ def choose(
             "p_value": result.p_value,
             "certified_rows": result.examples,
         }
-        return _paying(Choice(result.policy, "risk control", evidence), exit_logits, targets,
-                       target, split)  # fmt: skip
+        return _paying(Choice(result.policy, "risk control", evidence), None, exit_logits,
+                       target, split, targets)  # fmt: skip
     cal = calibrate(
         kind, exit_logits, targets, drop, target.constraint, target.head_cost, target.patience
     )
@@ -214,17 +215,24 @@ def choose(
             "early exit would save nothing: allow a larger drop, or train the shallow exits "
             "longer"
         )
-    return _paying(Choice(cal.policy, "calibrated", {}), exit_logits, targets, target, split)
+    return _paying(Choice(cal.policy, "calibrated", {}), cal.cost, exit_logits, target, split)
 
 
 def _paying(
-    choice: Choice, exit_logits: ExitLogits, targets: Tensor, target: DeployTarget, split: str
+    choice: Choice,
+    cost: float | None,
+    exit_logits: ExitLogits,
+    target: DeployTarget,
+    split: str,
+    targets: Tensor | None = None,
 ) -> Choice:
-    """``choice`` when its cost (mean exit layer + ``--head-cost`` per exit evaluated) is below
-    full depth's; else a ``TargetError`` naming the flags that change it."""
+    """``choice`` when its cost (mean exit layer + ``--head-cost`` per exit evaluated; None:
+    evaluated here) is below full depth's; else a ``TargetError`` naming the flags that change
+    it."""
     if target.head_cost == 0:
         return choice
-    cost = evaluate(exit_logits, targets, choice.policy, target.head_cost).cost
+    if cost is None:
+        cost = evaluate(exit_logits, targets, choice.policy, target.head_cost).cost
     layers = exit_logits[-1][0]
     if cost < layers:
         return choice

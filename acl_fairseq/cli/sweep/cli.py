@@ -350,6 +350,16 @@ def _sweep_precision(
     return out, thresholds
 
 
+def _runner(
+    backend: str, model: Any, dtype: str, head: str, cache: Path, fingerprint: str, last: bool
+) -> Any:
+    """``model`` at ``dtype`` on ``backend``: ONNX Runtime sessions of its fp32 segments, or the
+    torch model prepared (in place at the ``last`` precision, else a copy)."""
+    if backend == "onnxruntime":
+        return OrtEarlyExit(model, head, cache, dtype, None, fingerprint, shared_pool=True)
+    return prepare_for_inference(model if last else copy.deepcopy(model), dtype)
+
+
 def _fastest(tried: list[Precision]) -> Precision:
     """The one of a precision's backends whose chosen policy ran fastest per row at the first
     batch size (the only one when one was tried or nothing was chosen); its entry records
@@ -429,12 +439,7 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
         backends.sort(key=lambda b: b != "onnxruntime")  # it exports the fp32 model first
         tried, failed = [], []
         for backend in backends:
-            if backend == "onnxruntime":  # the fp32 model exported segment by segment
-                model_d = OrtEarlyExit(
-                    model, head, cache, dtype, None, loaded.fingerprint, shared_pool=True
-                )
-            else:
-                model_d = prepare_for_inference(model if last else copy.deepcopy(model), dtype)
+            model_d = _runner(backend, model, dtype, head, cache, loaded.fingerprint, last)
             try:
                 result, thresholds = _sweep_precision(
                     args, model_d, dtype, backend, batches, head, num_classes, target,
