@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from fork_server import ForkServer
 
 from acl_fairseq.cli.demo import cli as demo
@@ -44,6 +45,35 @@ def test_demo_trains_with_the_autocast_asked_for(tmp_path, monkeypatch, autocast
     (cmd,) = commands
     assert flag_value(cmd, "--autocast") == (None if autocast == "none" else "bf16")
     assert flag_value(cmd, "--criterion") == "acl_embed" and flag_value(cmd, "--seed") == "1"
+
+
+def test_stage_3_refits_the_shallow_heads_on_the_frozen_model(tmp_path, monkeypatch):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "fairseq_args.txt").write_text("--arch roberta --encoder-layers 2\n")
+    commands = []
+
+    def fake_run(cmd, log_file):
+        commands.append(cmd)
+        (log_file.parent / "checkpoint_best.pt").write_bytes(b"")
+
+    monkeypatch.setattr(demo, "run_logged", fake_run)
+    args = argparse.Namespace(
+        force=False, train=32, batch_size=16, lr=5e-5, seed=1, autocast="none"
+    )
+    stage2 = tmp_path / "acl_cl" / "checkpoint_best.pt"
+    demo.train(tmp_path / "data", model, tmp_path / "run", "multi_exit_joint", args, stage2, 10,
+               refit=True)  # fmt: skip
+    (cmd,) = commands
+    assert "--freeze-backbone" in cmd and flag_value(cmd, "--criterion") == "multi_exit_ce"
+    assert flag_value(cmd, "--self-distill-weight") == "1"
+    assert flag_value(cmd, "--self-distill-temperature") == "2"
+    assert flag_value(cmd, "--restore-file") == str(stage2)
+    assert float(flag_value(cmd, "--lr")) == demo.REFIT_LR
+    assert flag_value(cmd, "--max-epoch") == "10"
+    # the final exit is frozen, so its dev accuracy cannot choose: the lowest dev loss does
+    assert flag_value(cmd, "--best-checkpoint-metric") == "loss"
+    assert "--maximize-best-checkpoint-metric" not in cmd
 
 
 CPUINFO = """processor\t: 0
@@ -100,9 +130,17 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     assert proc.returncode == 0, output[-4000:]
     for step in range(1, 9):
         assert f"=== {step}/8 " in output
-    assert "| ACL + ACL-CL stage 2 |" in output
+    assert "| ACL + ACL-CL stage 2 |" in output and "| exits refitted (stage 3) |" in output
+    # stage 3 trained the shallow exits' heads only: every other weight is stage 2's
+    (stage2,) = (work / "runs").glob("*/acl_cl/checkpoint_best.pt")
+    (ckpt,) = (work / "runs").glob("*/acl_cl_refit-ep10/checkpoint_best.pt")
+    before, after = (torch.load(p, weights_only=False)["model"] for p in (stage2, ckpt))
+    assert before.keys() == after.keys()
+    heads = [k for k in after if "_exit" in k]
+    assert heads and all(k.startswith("classification_heads.") for k in heads)
+    assert all(torch.equal(before[k], after[k]) for k in after if k not in heads)
+    assert not all(torch.equal(before[k], after[k]) for k in heads)
     # the deployable path: int8 and a policy chosen on dev, saved, reported, run by predict
-    (ckpt,) = (work / "runs").glob("*/acl_cl/checkpoint_best.pt")
     saved = read_policy(ckpt)
     assert saved is not None and saved.dtype == "int8" and saved.policy.kind == "entropy"
     assert saved.fields["chosen_by"]["split"] == "valid"
@@ -122,8 +160,12 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     assert "Namespace(" not in output
 
 
-def test_demo_reports_a_bad_size_in_one_line(tmp_path, capsys):
-    assert demo.main(["--work-dir", str(tmp_path), "--sweep-examples", "0"]) == 2
-    err = capsys.readouterr().err
-    assert err == "acl-fairseq-demo: error: --sweep-examples must be >= 1, got 0\n"
+@pytest.mark.parametrize(
+    "flags, message",
+    [(["--sweep-examples", "0"], "--sweep-examples must be >= 1, got 0"),
+     (["--refit-epochs", "-1"], "--refit-epochs must be >= 0 (0: no stage 3), got -1")],
+)  # fmt: skip
+def test_demo_reports_a_bad_size_in_one_line(tmp_path, capsys, flags, message):
+    assert demo.main(["--work-dir", str(tmp_path), *flags]) == 2
+    assert capsys.readouterr().err == f"acl-fairseq-demo: error: {message}\n"
     assert not any(tmp_path.iterdir())  # checked before anything is fetched or written

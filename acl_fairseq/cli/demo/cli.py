@@ -6,7 +6,9 @@
 3. splits the sentences into train / dev / test (fixed seed), tokenizes with MiniLM's
    WordPiece and binarizes them;
 4. fine-tunes a plain CE baseline, then ACL (CE + ACL-Embed + ACL-Grad) as stage 1, then the
-   exits with ACL-CL as stage 2, choosing checkpoints on dev;
+   exits with ACL-CL as stage 2, then refits the shallow exits' heads on the frozen model
+   (stage 3: ``--freeze-backbone``, CE and self-distillation from the final exit, which does
+   not change), choosing checkpoints on dev;
 5. reports per-exit accuracy on the held-out test split;
 6. chooses a precision (int8, bf16, fp32) and an early-exit policy on dev with
    ``acl-fairseq-sweep --max-accuracy-drop`` (saved next to the checkpoint);
@@ -57,6 +59,9 @@ EXAMPLE_SENTENCES = [
 ]
 PROG = "acl-fairseq-demo"
 STEPS = 8
+REFIT_FLAGS = ("--freeze-backbone", "--self-distill-weight", "1", "--self-distill-temperature", "2")
+"""Stage 3: only the shallow exits' heads train, toward the labels and the final exit."""
+REFIT_LR = 2e-4
 
 
 def step(title: str) -> None:
@@ -130,10 +135,19 @@ def run_logged(cmd: list[str], log_file: Path) -> None:
 
 
 def train(
-    data: Path, model_dir: Path, save_dir: Path, method: str, args, restore: Path, epochs: int
+    data: Path,
+    model_dir: Path,
+    save_dir: Path,
+    method: str,
+    args,
+    restore: Path,
+    epochs: int,
+    refit: bool = False,
 ) -> Path:
-    """Fine-tunes ``method`` (``ce``, ``acl``, ``acl_cl``: ``acl_fairseq.experiment.recipe``) from
-    ``restore`` into ``save_dir``; returns its best checkpoint on dev."""
+    """Fine-tunes ``method`` (``ce``, ``acl``, ``acl_cl``, ``multi_exit_joint``:
+    ``acl_fairseq.experiment.recipe``) from ``restore`` into ``save_dir``; returns its best
+    checkpoint on dev. ``refit``: stage 3 (``REFIT_FLAGS`` at ``REFIT_LR``), whose final exit
+    does not move, so its checkpoint is the one with the lowest dev loss."""
     best = save_dir / "checkpoint_best.pt"
     if best.exists() and not args.force:
         print(f"   (done before: {shown(best)})")
@@ -147,16 +161,17 @@ def train(
         data,
         save_dir,
         arch=multi_exit_arch(arch),
-        criterion=criterion_flags(method),
+        criterion=criterion_flags(method) + (list(REFIT_FLAGS) if refit else []),
         exit_pooling="mean",
         restore=restore,
         num_classes=2,
         batch_size=args.batch_size,
         max_epoch=epochs,
-        lr=str(args.lr),
+        lr=str(REFIT_LR if refit else args.lr),
         total_updates=updates,
         warmup_updates=max(1, updates * 6 // 100),
-        best_metric="accuracy",
+        best_metric="loss" if refit else "accuracy",
+        maximize=not refit,
         seed=args.seed,
         cpu=True,
         num_workers=0,
@@ -224,6 +239,11 @@ def classify_examples(checkpoint: Path, data: Path, sentences: list[str] | None 
     return "\n".join(lines + said + [proc.stderr.strip().splitlines()[-1]])
 
 
+def per_exit(metrics: dict, layers: list[int]) -> str:
+    """``a | b | ...``: each exit's accuracy in ``fairseq-validate``'s ``metrics``."""
+    return " | ".join(f"{metrics[f'accuracy_exit{layer}']:.1f}" for layer in layers)
+
+
 def resolve_autocast(choice: str) -> str:
     """``--autocast auto``: ``bf16`` on a CPU with bfloat16 instructions, else ``none``."""
     if choice != "auto":
@@ -243,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--epochs", type=int, default=1, help="epochs of each stage")
+    p.add_argument("--refit-epochs", type=int, default=10,
+                   help="epochs of stage 3, the exits' heads refitted on the frozen model "
+                   "(forward passes only; 0: skip it and deploy stage 2)")  # fmt: skip
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--autocast",
@@ -274,13 +297,15 @@ def check_args(args: argparse.Namespace) -> None:
             raise AclValueError(
                 f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}"
             )
+    if args.refit_epochs < 0:
+        raise AclValueError(f"--refit-epochs must be >= 0 (0: no stage 3), got {args.refit_epochs}")
     if not 0 <= args.max_accuracy_drop <= 100:
         raise AclValueError(
             f"--max-accuracy-drop must be in [0, 100] points, got {args.max_accuracy_drop:g}"
         )
 
 
-def report_deployable(acl_cl: Path, data: Path, work: Path, args: argparse.Namespace) -> str:
+def report_deployable(checkpoint: Path, data: Path, work: Path, args: argparse.Namespace) -> str:
     """Steps 6 and 7: the precision and policy chosen on dev, then that choice on test
     against fp32 at full depth (``deploy``); returns what it printed."""
     dtypes = ",".join(deploy.DTYPES)
@@ -288,13 +313,13 @@ def report_deployable(acl_cl: Path, data: Path, work: Path, args: argparse.Names
         f"6/{STEPS} choose a precision and an early-exit policy on dev: acl-fairseq-sweep "
         f"--split valid --dtypes {dtypes} --max-accuracy-drop {args.max_accuracy_drop:g}"
     )
-    saved, chosen = deploy.choose_on_dev(acl_cl, data, work, args.max_accuracy_drop)
+    saved, chosen = deploy.choose_on_dev(checkpoint, data, work, args.max_accuracy_drop)
     print(chosen)
     step(
         f"7/{STEPS} the choice on the test split: accuracy, layers used, speed-up over fp32 at "
         "full depth"
     )
-    accuracy, timed = deploy.measure_on_test(acl_cl, data, saved, work, args.sweep_examples)
+    accuracy, timed = deploy.measure_on_test(checkpoint, data, saved, work, args.sweep_examples)
     layers = int(float(accuracy[(deploy.REFERENCE, deploy.BATCH_SIZES[0], "none", "")]
                        ["mean_exit_layer"]))  # fmt: skip
     table = deploy.deploy_table(saved, accuracy, timed, layers)
@@ -334,7 +359,10 @@ def run_demo(args: argparse.Namespace) -> int:
     data = prepare(raw, model_dir, work)
     restore = model_dir / "model.pt"
 
-    step(f"4/{STEPS} fine-tune: CE baseline, ACL (stage 1), ACL-CL exits (stage 2)")
+    step(
+        f"4/{STEPS} fine-tune: CE baseline, ACL (stage 1), ACL-CL exits (stage 2), the exits "
+        "refitted (stage 3)"
+    )
     if args.autocast == "bf16":
         print("-- forward passes in bf16 (--autocast bf16, fp32 weights); --autocast none: fp32")
     else:
@@ -349,12 +377,23 @@ def run_demo(args: argparse.Namespace) -> int:
     acl = train(data, model_dir, runs / "acl", "acl", args, restore, args.epochs)
     print("-- ACL-CL stage 2: every exit, ACL-CL to the last exit (acl_cross_layer)")
     acl_cl = train(data, model_dir, runs / "acl_cl", "acl_cl", args, acl, args.epochs)
+    deployed = acl_cl
+    if args.refit_epochs:
+        print("-- stage 3: the shallow exits' heads refitted on the frozen model (multi_exit_ce")
+        print(f"   {' '.join(REFIT_FLAGS)}, lr {REFIT_LR:g}, {args.refit_epochs} epochs)")
+        refit_dir = runs / f"acl_cl_refit-ep{args.refit_epochs}"
+        deployed = train(
+            data, model_dir, refit_dir, "multi_exit_joint", args, acl_cl, args.refit_epochs, True
+        )
 
     step(f"5/{STEPS} held-out test accuracy (checkpoints chosen on dev)")
     ce_test = evaluate(data, ce, "acl_embed")
     acl_test = evaluate(data, acl, "acl_embed")
     cl_test = evaluate(data, acl_cl, "acl_cross_layer")
     layers = sorted(int(k.split("exit")[1]) for k in cl_test if k.startswith("accuracy_exit"))
+    rows = [("ACL + ACL-CL stage 2", cl_test)]
+    if deployed != acl_cl:
+        rows.append(("exits refitted (stage 3)", evaluate(data, deployed, "acl_cross_layer")))
     lines = [
         f"test split: {args.test} Rotten Tomatoes sentences, MiniLM-L6, seed {args.seed}",
         "",
@@ -362,16 +401,14 @@ def run_demo(args: argparse.Namespace) -> int:
         "|---|" + "---|" * len(layers),
         f"| CE (final exit only) | {'| ' * (len(layers) - 1)}{ce_test['accuracy']:.1f} |",
         f"| ACL stage 1 (final exit only) | {'| ' * (len(layers) - 1)}{acl_test['accuracy']:.1f} |",
-        "| ACL + ACL-CL stage 2 | "
-        + " | ".join(f"{cl_test[f'accuracy_exit{layer}']:.1f}" for layer in layers)
-        + " |",
+        *(f"| {name} | {per_exit(m, layers)} |" for name, m in rows),
     ]
     print("\n".join(lines))
 
-    deployable = report_deployable(acl_cl, data, work, args)
+    deployable = report_deployable(deployed, data, work, args)
 
     step(f"8/{STEPS} classify new sentences: acl-fairseq-predict runs the saved choice")
-    examples = classify_examples(acl_cl, data)
+    examples = classify_examples(deployed, data)
     print(examples)
     results = work / "results.md"
     results.write_text("\n".join(lines) + "\n\n" + deployable + "\n\n" + examples + "\n")
