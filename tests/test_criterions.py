@@ -240,6 +240,22 @@ def test_freeze_backbone_leaves_only_shallow_exits_trainable(data_dir):
     }
 
 
+@pytest.mark.parametrize("criterion", ["acl_embed", "ce_scl", "sentence_prediction"])
+def test_freeze_backbone_with_a_final_exit_criterion_is_refused_at_set_up(data_dir, criterion):
+    """Such a criterion's loss reaches no trainable weight: torch's "element 0 of tensors does
+    not require grad" at the first update, without this check."""
+    with pytest.raises(ValueError) as info:
+        build(data_dir, ["--criterion", criterion, "--freeze-backbone"])
+    assert str(info.value) == (
+        f"--freeze-backbone trains only the shallow exits' heads, but --criterion {criterion} "
+        "trains the final exit only, so nothing would train. Use --criterion multi_exit_ce or "
+        "acl_cross_layer (a stage that refits the exits, docs/usage.md), or drop "
+        "--freeze-backbone"
+    )
+    for multi_exit in ("multi_exit_ce", "acl_cross_layer"):  # these train the shallow heads
+        build(data_dir, ["--criterion", multi_exit, "--freeze-backbone"])
+
+
 def test_cross_layer_on_a_model_without_exits_is_a_clear_error(data_dir):
     # the task checks the model it built when it builds the criterion (fairseq's order) ...
     with pytest.raises(ValueError, match="acl_cross_layer needs a multi-exit model"):

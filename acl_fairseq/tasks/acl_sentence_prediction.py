@@ -24,6 +24,7 @@ from ..autocast import AutocastConfig, check_autocast, forward_precision
 from ..checkpoint.fits import load_state_dict_checked
 from ..checkpoint.training_data import record_training_data
 from ..distributed import DataParallelConfig, check_unused_parameters
+from ..errors import AclValueError
 from .input_checks import check_dictionaries, check_lengths, check_num_classes, check_split_files
 
 
@@ -131,10 +132,27 @@ class AclSentencePredictionTask(SentencePredictionTask):
         if model is not None and isinstance(criterion, AclGradCriterion):
             criterion.check_model(model)
             self.acl_grad.check_model(model, criterion.acl_grad)
+        training = self.training and not from_checkpoint
         check_batch_size = getattr(criterion, "check_batch_size", None)
-        if self.training and not from_checkpoint and check_batch_size is not None:
+        if training and check_batch_size is not None:
             check_batch_size(getattr(self.cfg, "batch_size", None), self.cfg.num_classes)
+        if training and model is not None:
+            check_frozen_backbone(model, criterion, getattr(cfg, "_name", type(criterion).__name__))
         return criterion
+
+
+def check_frozen_backbone(model: Any, criterion: Any, name: str) -> None:
+    """``--freeze-backbone`` leaves only the shallow exits' heads trainable: a criterion that
+    trains the final exit only would have nothing to train (torch's "element 0 of tensors does
+    not require grad" at the first update)."""
+    frozen = getattr(getattr(model, "args", None), "freeze_backbone", False)
+    if frozen and not hasattr(criterion, "exit_outputs"):
+        raise AclValueError(
+            f"--freeze-backbone trains only the shallow exits' heads, but --criterion {name} "
+            "trains the final exit only, so nothing would train. Use --criterion multi_exit_ce "
+            "or acl_cross_layer (a stage that refits the exits, docs/usage.md), or drop "
+            "--freeze-backbone"
+        )
 
 
 def group_by_length(dataset):
