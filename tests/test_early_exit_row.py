@@ -211,9 +211,10 @@ def _learned(exits):
 
 @pytest.mark.parametrize(
     "extra",
-    [[], ["--encoder-normalize-before"], ["--exit-pooling", "mean"]],
-    ids=["postnorm", "prenorm", "mean"],
-)
+    [[], ["--encoder-normalize-before"], ["--exit-pooling", "mean"], ["--exit-head", "linear"],
+     ["--exit-head", "linear", "--exit-pooling", "mean"]],
+    ids=["postnorm", "prenorm", "mean", "linear", "linear-mean"],
+)  # fmt: skip
 def test_single_row_path_equals_the_general_loop(tiny_task, tiny_data, extra):
     """Each row alone, at each precision and policy: the batch-1 path's exit, prediction and
     logits equal the general loop's bit for bit, and the rows leave at several exits."""

@@ -197,6 +197,41 @@ def test_checkpoint_exit_heads_at_missing_layers_are_dropped(tiny_built, tiny_da
     )
 
 
+def test_linear_exit_heads_are_out_proj_on_the_pooled_features(tiny_built, tiny_data):
+    model, task, _ = tiny_built
+    linear, _ = build_tiny(tiny_data, task, extra=["--exit-head", "linear"])
+    tokens, _ = tiny_batch(task, LENGTHS)
+    inner = linear.encoder(tokens, features_only=True, return_all_hiddens=True)[1]["inner_states"]
+    outputs = linear.exit_outputs(tokens)
+    for (layer, head), out in zip(linear.exit_heads(HEAD)[:-1], outputs):
+        names = {n for n, _ in head.named_parameters()}
+        assert head.kind == "linear" and names == {"out_proj.weight", "out_proj.bias"}
+        pooled = inner[layer].transpose(0, 1)[:, 0]  # first-token pooling, post-norm model
+        assert torch.equal(out.features, pooled)
+        assert torch.allclose(out.logits, pooled @ head.out_proj.weight.T + head.out_proj.bias)
+    final = linear.classification_heads[HEAD]
+    assert final.kind == "mlp" and final.dense.weight.shape == (32, 32)
+    assert all(h.kind == "mlp" for h in model.classification_heads.values())  # the default
+
+
+@pytest.mark.parametrize("source, target", [("mlp", "linear"), ("linear", "mlp")])
+def test_exit_heads_of_the_other_kind_start_fresh(tiny_task, tiny_data, source, target):
+    """A stage that changes --exit-head restores the encoder and the final exit; each shallow
+    exit keeps its own initialisation instead of failing on the other kind's weights."""
+    _, task = tiny_task
+    trained, _ = build_tiny(tiny_data, task, extra=["--exit-head", source], seed=3)
+    model, model_cfg = build_tiny(tiny_data, task, extra=["--exit-head", target], seed=4)
+    fresh = {k: v.clone() for k, v in model.state_dict().items() if "_exit" in k}
+    state = {k: v.clone() for k, v in trained.state_dict().items()}
+    model.load_state_dict(state, strict=True, model_cfg=model_cfg)
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in fresh.items())
+    assert all(torch.equal(after[k], v) for k, v in state.items() if "_exit" not in k)
+    tokens, _ = tiny_batch(task, LENGTHS)
+    final, trained_final = (m.exit_outputs(tokens)[-1].logits for m in (model, trained))
+    assert torch.equal(final, trained_final)
+
+
 def test_layerdrop_is_rejected(tiny_task, tiny_data):
     with pytest.raises(ValueError, match="layerdrop"):
         build_tiny(tiny_data, tiny_task[1], extra=["--encoder-layerdrop", "0.1"])

@@ -112,8 +112,11 @@ def test_fp32_equals_the_torch_loop(ort, name):
 
 
 @pytest.mark.parametrize(
-    "extra", [["--exit-pooling", "mean"], ["--encoder-normalize-before"]], ids=["mean", "prenorm"]
-)
+    "extra",
+    [["--exit-pooling", "mean"], ["--encoder-normalize-before"],
+     ["--exit-head", "linear", "--exit-pooling", "mean"]],
+    ids=["mean", "prenorm", "linear-mean"],
+)  # fmt: skip
 def test_fp32_equals_the_torch_loop_mean_pooling_and_prenorm(tiny_task, tiny_data, tmp_path, extra):
     _, task = tiny_task
     model, _ = build_tiny(tiny_data, task, extra=extra)

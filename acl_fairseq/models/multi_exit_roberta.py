@@ -7,7 +7,8 @@ working) and one *shallow* exit per layer in ``--exit-layers`` under ``f"{name}_
 
 An exit at layer ``l`` sees what the encoder would output if it had only ``l`` layers: the
 hidden states after layer ``l`` (followed by the encoder's final ``layer_norm`` when the model
-has one, i.e. for pre-norm models), pooled by its head (``--exit-pooling first|mean``).
+has one, i.e. for pre-norm models), pooled by its head (``--exit-pooling first|mean``); a
+shallow exit's head is RoBERTa's or ``out_proj`` alone (``--exit-head mlp|linear``).
 
 * Training: ``exit_outputs`` runs the encoder once and returns every exit's logits, pooled
   features (the ``out_proj`` input) and label embeddings (``out_proj.weight``).
@@ -37,7 +38,14 @@ from ..early_exit.policies import ExitPolicy, as_policy
 from ..errors import AclValueError
 from ..inference.loader import CheckpointError, load_for_inference
 from .early_exit_loop import run_early_exit
-from .heads import DEFAULT_HEAD, POOLING_CHOICES, MultiExitClassificationHead, exit_head_name
+from .heads import (
+    DEFAULT_HEAD,
+    EXIT_HEAD_CHOICES,
+    POOLING_CHOICES,
+    MultiExitClassificationHead,
+    exit_head_name,
+    head_kind_of,
+)
 from .hub_interface import (
     MultiExitRobertaHubInterface,
     hub_data_folder,
@@ -119,6 +127,11 @@ class MultiExitRobertaModel(RobertaModel):
             raise AclValueError(
                 f"--exit-pooling must be one of {POOLING_CHOICES}, got {self.exit_pooling!r}"
             )
+        self.exit_head: str = safe_getattr(args, "exit_head", None) or "mlp"
+        if self.exit_head not in EXIT_HEAD_CHOICES:
+            raise AclValueError(
+                f"--exit-head must be one of {EXIT_HEAD_CHOICES}, got {self.exit_head!r}"
+            )
 
     @staticmethod
     def add_args(parser) -> None:
@@ -136,6 +149,13 @@ class MultiExitRobertaModel(RobertaModel):
             choices=POOLING_CHOICES,
             help="pooling of every exit (shallow and final): 'first' token like "
             "RobertaClassificationHead, or 'mean' over non-pad tokens (default: first)",
+        )
+        parser.add_argument(
+            "--exit-head",
+            choices=EXIT_HEAD_CHOICES,
+            help="head of the shallow exits: 'mlp', RoBERTa's (dense, activation, out_proj; "
+            "default), or 'linear', out_proj on the pooled features (cheaper per exit at small "
+            "batches); the final exit keeps RoBERTa's",
         )
         parser.add_argument(
             "--freeze-backbone",
@@ -247,7 +267,7 @@ class MultiExitRobertaModel(RobertaModel):
         self.classification_heads[name] = self._build_head(num_classes, inner_dim)
         for layer in self.shallow_exit_layers:
             self.classification_heads[exit_head_name(name, layer)] = self._build_head(
-                num_classes, inner_dim
+                num_classes, inner_dim, self.exit_head
             )
         if safe_getattr(self.args, "freeze_backbone", False):
             self.freeze_backbone(name)
@@ -263,7 +283,7 @@ class MultiExitRobertaModel(RobertaModel):
         for _layer, head in self.exit_heads(name)[:-1]:
             head.requires_grad_(True)
 
-    def _build_head(self, num_classes: int | None, inner_dim: int | None):
+    def _build_head(self, num_classes: int | None, inner_dim: int | None, kind: str = "mlp"):
         args = self.args
         return MultiExitClassificationHead(
             input_dim=args.encoder_embed_dim,
@@ -275,6 +295,7 @@ class MultiExitRobertaModel(RobertaModel):
             qn_block_size=args.quant_noise_pq_block_size,
             do_spectral_norm=args.spectral_norm_classification_head,
             pooling=self.exit_pooling,
+            kind=kind,
         )
 
     def exit_heads(self, name: str = DEFAULT_HEAD) -> list[tuple[int, MultiExitClassificationHead]]:
@@ -425,7 +446,14 @@ class MultiExitRobertaModel(RobertaModel):
                         inner_dim=state_dict[f"{heads_prefix}{head}.dense.weight"].size(0),
                     )
         for head, (_, layer) in exit_of.items():
-            if layer not in self.shallow_exit_layers:
+            mine = self.classification_heads[head] if head in self.classification_heads else None
+            kind = head_kind_of(state_dict, f"{heads_prefix}{head}.")
+            if mine is not None and mine.kind != kind:  # e.g. a stage 3 refitting linear exits
+                logger.info(f"exit head {head}: the checkpoint's is {kind}, this model's "
+                            f"{mine.kind} (--exit-head): it starts fresh")  # fmt: skip
+                for k in [k for k in state_dict if k.startswith(f"{heads_prefix}{head}.")]:
+                    del state_dict[k]
+            elif layer not in self.shallow_exit_layers:
                 logger.warning(
                     f"deleting exit head {head} from checkpoint: this model has no exit at "
                     f"layer {layer} (--exit-layers {','.join(map(str, self.shallow_exit_layers))})"
@@ -460,6 +488,7 @@ class MultiExitRobertaModel(RobertaModel):
 def _exit_defaults(args: Any) -> None:
     args.exit_layers = safe_getattr(args, "exit_layers", None)
     args.exit_pooling = safe_getattr(args, "exit_pooling", "first")
+    args.exit_head = safe_getattr(args, "exit_head", "mlp")
 
 
 @register_model_architecture("multi_exit_roberta", "multi_exit_roberta_base")
