@@ -40,6 +40,23 @@ def trained(tmp_path_factory) -> dict:
     return {"root": root, "data": data, "rows": test_rows, "ckpt": ckpt}
 
 
+@pytest.fixture
+def timing_guard(monkeypatch) -> list[tuple]:
+    """The sweep's deploy-time guard (``deploy.check_measured``: refuse a policy timed no
+    faster than full depth) compares wall-clock times, which on a tiny model and a busy machine
+    go either way; it is tested with fakes in test_early_exit_sweep.py. Here it records its
+    calls ``(policy spec, early ms, full ms)`` and lets the policy through."""
+    from acl_fairseq.inference import deploy
+
+    calls: list[tuple] = []
+
+    def record(policy, early_ms: float, full_ms: float, *_: object) -> None:
+        calls.append((policy.spec, early_ms, full_ms))
+
+    monkeypatch.setattr(deploy, "check_measured", record)
+    return calls
+
+
 def run_predict(*argv: str | Path, stdin: str = "") -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = predict.main([str(a) for a in argv], io.StringIO(stdin), out, err)
@@ -226,7 +243,9 @@ def test_demo_last_step_classifies_example_sentences(trained) -> None:
     assert lines[-1].startswith("acl-fairseq-predict: 5 sentences, ")
 
 
-def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path, capsys) -> None:
+def test_sweep_target_saves_a_policy_that_predict_and_hub_use(
+    trained, tmp_path, capsys, timing_guard
+) -> None:
     from acl_fairseq.cli import sweep
     from acl_fairseq.inference.saved_policy import POLICY_FILE, read_policy
     from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
@@ -244,6 +263,8 @@ def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path,
     assert "| 8 | oracle-final |" in out and "| 8 | oracle-gold |" in out
     saved = read_policy(ckpt)
     assert f"wrote {ckpt.parent / POLICY_FILE}" in out
+    assert [spec for spec, *_ in timing_guard] == [saved.policy.spec]
+    assert all(early > 0 and full > 0 for _, early, full in timing_guard)
     assert saved.fields["chosen_by"]["target"] == {"max_accuracy_drop": 100.0}
     assert saved.fields["chosen_by"]["split"] == "valid"
     assert saved.fields["checkpoint"] == ckpt.name and saved.dtype == "fp32"
@@ -272,7 +293,7 @@ def test_sweep_target_saves_a_policy_that_predict_and_hub_use(trained, tmp_path,
 
 
 def test_sweep_dtypes_saves_a_policy_per_precision_that_predict_and_hub_use(
-    trained, tmp_path, capsys
+    trained, tmp_path, capsys, timing_guard
 ) -> None:
     """acl-fairseq-sweep --dtypes int8,fp32: both precisions' choices saved, int8 the default
     that predict (its --dtype) and the hub (from_pretrained's dtype) then run."""
@@ -294,6 +315,9 @@ def test_sweep_dtypes_saves_a_policy_per_precision_that_predict_and_hub_use(
     assert "  int8: per_exit_entropy:" in out and "  fp32: per_exit_entropy:" in out
     saved = read_policy(ckpt)
     assert saved.dtype == "int8" and set(saved.by_dtype) == {"int8", "fp32"}
+    assert sorted(spec for spec, *_ in timing_guard) == sorted(
+        policy.spec for policy in saved.by_dtype.values()
+    )  # each precision's timed choice went through the guard
     assert saved.policy == saved.by_dtype["int8"]
     assert saved.fields["chosen_by"]["constraint"] == "agreement"
     int8 = saved.fields["by_dtype"]["int8"]
@@ -559,7 +583,9 @@ def test_a_policy_swept_on_onnxruntime_runs_there_by_default(trained, tmp_path, 
     assert stop.value.code == 2
 
 
-def test_the_sweep_saves_each_precision_on_its_faster_backend(trained, tmp_path, capsys):
+def test_the_sweep_saves_each_precision_on_its_faster_backend(
+    trained, tmp_path, capsys, timing_guard
+):
     """``acl-fairseq-sweep --backend fairseq,onnxruntime``: every precision swept and timed on
     each backend that runs it, and saved with the one whose chosen policy ran faster (its entry
     records both times); bf16 only on fairseq. Predict runs each precision on its backend."""
@@ -583,6 +609,7 @@ def test_the_sweep_saves_each_precision_on_its_faster_backend(trained, tmp_path,
     assert set(timed) == {"fairseq", "onnxruntime"} and all(ms > 0 for ms in timed.values())
     assert int8["backend"] == min(timed, key=timed.get)
     assert int8["ms_per_example"] == timed[int8["backend"]]
+    assert len(timing_guard) == 3  # int8 on each backend, bf16 on fairseq
     line = next(x for x in out.splitlines() if x.startswith("  int8 on "))
     assert line.startswith(f"  int8 on {int8['backend']} (") and re.search(
         r"fairseq \d+\.\d{3} ms", line
