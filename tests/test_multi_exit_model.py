@@ -232,6 +232,24 @@ def test_exit_heads_of_the_other_kind_start_fresh(tiny_task, tiny_data, source, 
     assert torch.equal(final, trained_final)
 
 
+def test_linear_exit_heads_round_trip_with_and_without_registered_heads(tiny_task, tiny_data):
+    """fairseq's own upgrade reads every head's dense layer; linear exit heads have none."""
+    _, task = tiny_task
+    trained, _ = build_tiny(tiny_data, task, extra=["--exit-head", "linear"], seed=3)
+    state = {k: v.clone() for k, v in trained.state_dict().items()}
+    same, model_cfg = build_tiny(tiny_data, task, extra=["--exit-head", "linear"], seed=4)
+    same.load_state_dict(dict(state), strict=True, model_cfg=model_cfg)
+    model_cfg = tiny_cfg(tiny_data, extra=["--exit-head", "linear", "--load-checkpoint-heads"])
+    bare = models.build_model(model_cfg, task)  # no head registered yet (as hub loading does)
+    bare.load_state_dict(dict(state), strict=True, model_cfg=model_cfg)
+    tokens, _ = tiny_batch(task, LENGTHS)
+    for loaded in (same, bare):
+        assert all(torch.equal(loaded.state_dict()[k], v) for k, v in state.items())
+        loaded.eval()
+        for x, y in zip(trained.exit_outputs(tokens), loaded.exit_outputs(tokens)):
+            assert torch.equal(x.logits, y.logits)
+
+
 def test_layerdrop_is_rejected(tiny_task, tiny_data):
     with pytest.raises(ValueError, match="layerdrop"):
         build_tiny(tiny_data, tiny_task[1], extra=["--encoder-layerdrop", "0.1"])

@@ -460,7 +460,15 @@ class MultiExitRobertaModel(RobertaModel):
                 )
                 for k in [k for k in state_dict if k.startswith(f"{heads_prefix}{head}.")]:
                     del state_dict[k]
+        # fairseq's upgrade reads every head's dense layer: linear exit heads wait outside it
+        linear = {h for h in exit_of if head_kind_of(state_dict, f"{heads_prefix}{h}.") == "linear"}
+        held = {
+            k: state_dict.pop(k)
+            for k in list(state_dict)
+            if k.startswith(heads_prefix) and k[len(heads_prefix) :].split(".")[0] in linear
+        }
         super().upgrade_state_dict_named(state_dict, name)
+        state_dict.update(held)  # over the fresh weights fairseq copied in for them
 
     def _take_pretrained_pooler(
         self, state_dict: dict[str, Tensor], heads_prefix: str, head: str
