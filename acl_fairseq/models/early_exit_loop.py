@@ -86,7 +86,7 @@ def run_early_exit(
     padding_mask = model.padding_mask(src_tokens)  # B x T
     has_pads = bool(padding_mask.any())  # one host sync here
     if single_row and bsz == 1 and not has_pads and not model.training:
-        return run_single_row(model, src_tokens, policy, heads, _exit_logits)
+        return run_single_row(model, src_tokens, policy, heads)
     x, _ = encoder.forward_embedding(src_tokens)  # B x T x C
     if has_pads:  # the encoder multiplies by 1 when there is no padding: skip that
         x = x * (1 - padding_mask.unsqueeze(-1).type_as(x))

@@ -6,10 +6,11 @@ after a layer (its code and the head's weights pushed out of the caches by the l
 general loop spends about twenty ops per exit (slicing, a transpose, pooling, two dropouts, the
 head's three, the policy's rule, the host sync); this path spends four or five:
 
-* the head (``first`` pooling): position 0 of the running row (``x.select(0, 0)``, then
-  ``exit_hidden``: the final layer norm of a pre-norm model), ``dense``, activation,
-  ``out_proj`` (their ``forward`` when no hook is set); dropout is the identity in eval mode.
-  ``mean`` pooling goes through the general head code;
+* the head: ``first`` pooling reads position 0 of the running row (``x.select(0, 0)``, then
+  ``exit_hidden``: the final layer norm of a pre-norm model), ``mean`` pooling sums the row's
+  positions and divides by their count (``pooling.masked_mean``'s numbers); then ``dense``,
+  activation, ``out_proj`` (their ``forward`` when no hook is set; a ``linear`` head has
+  ``out_proj`` only); dropout is the identity in eval mode;
 * the decision (``early_exit.row_decider.RowDecider``): the logits come to the host once and
   the built-in kinds apply their rule there in float64, exactly the policy's decisions; other
   kinds decide on the tensor (one ``decide`` and one sync per exit).
@@ -47,12 +48,25 @@ def _forward(module: Any, hooks: bool) -> Any:
     return module.forward
 
 
-def _row_head(model: Any, head: Any, hooks: bool) -> Callable[[Tensor], Tensor]:
-    """``x`` (T x 1 x C, the running row's hidden states) -> logits (1 x K) of ``head``,
-    ``first`` pooling, eval mode: the numbers of ``pool`` then ``classify``."""
+def _row_mean(x: Tensor, count: Tensor) -> Tensor:
+    """T x 1 x C -> 1 x C: ``masked_mean`` of one unpadded row (float32 sum, ``count`` 1 x 1)."""
+    dtype = x.dtype
+    pooled = (x if dtype == torch.float32 else x.float()).sum(dim=0) / count
+    return pooled if dtype == torch.float32 else pooled.to(dtype)
+
+
+def _row_head(model: Any, head: Any, hooks: bool, count: Tensor) -> Callable[[Tensor], Tensor]:
+    """``x`` (T x 1 x C, the running row's hidden states) -> logits (1 x K) of ``head`` in eval
+    mode: the numbers of ``pool`` then ``classify``; ``count``: the row's length (1 x 1)."""
     dense, out_proj = _forward(head.dense, hooks), _forward(head.out_proj, hooks)
     activation, exit_hidden = head.activation_fn, model.exit_hidden
-    return lambda x: out_proj(activation(dense(exit_hidden(x.select(0, 0)))))
+    if getattr(head, "kind", "mlp") == "linear":
+        if head.pooling == "first":
+            return lambda x: out_proj(exit_hidden(x.select(0, 0)))
+        return lambda x: out_proj(_row_mean(exit_hidden(x), count))
+    if head.pooling == "first":
+        return lambda x: out_proj(activation(dense(exit_hidden(x.select(0, 0)))))
+    return lambda x: out_proj(activation(dense(_row_mean(exit_hidden(x), count))))
 
 
 def run_single_row(
@@ -60,27 +74,17 @@ def run_single_row(
     src_tokens: Tensor,
     policy: ExitPolicy,
     heads: dict[int, Any],
-    exit_logits: Any,
 ) -> EarlyExitResult:
     """Early exit of one unpadded row (``src_tokens``: 1 x T); ``heads``: ``{layer: head}`` of
-    the exits to evaluate, the last layer's included; ``exit_logits(model, head, x, mean)``:
-    the general loop's head (for ``mean`` pooling)."""
-    from .pooling import MeanWeights
-
+    the exits to evaluate, the last layer's included."""
     num_layers = int(model.num_layers)
     encoder = model.encoder.sentence_encoder
     device = src_tokens.device
     x, _ = encoder.forward_embedding(src_tokens)
     x = x.transpose(0, 1)  # T x 1 x C
-    mean = None
-    if any(head.pooling == "mean" for head in heads.values()):
-        mean = MeanWeights(src_tokens.new_zeros(src_tokens.shape, dtype=torch.bool), False)
+    count = torch.full((1, 1), float(max(1, src_tokens.size(1))), device=device)  # as MeanWeights
     hooks = _hooks_anywhere()
-    row_heads = {
-        layer: _row_head(model, head, hooks)
-        for layer, head in heads.items()
-        if head.pooling == "first"
-    }
+    row_heads = {layer: _row_head(model, head, hooks, count) for layer, head in heads.items()}
     decider = RowDecider(policy, device)
     logits, exit_layer = None, num_layers
     for layer_idx, layer in enumerate(encoder.layers, start=1):
@@ -88,8 +92,7 @@ def run_single_row(
         x = out[0] if isinstance(out, tuple) and len(out) == 2 else out
         if layer_idx not in heads:
             continue
-        row_head = row_heads.get(layer_idx)
-        logits = row_head(x) if row_head else exit_logits(model, heads[layer_idx], x, mean)
+        logits = row_heads[layer_idx](x)
         if layer_idx == num_layers:
             break
         if decider.leave(logits):
