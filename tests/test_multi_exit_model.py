@@ -215,7 +215,7 @@ def test_linear_exit_heads_are_out_proj_on_the_pooled_features(tiny_built, tiny_
 
 
 @pytest.mark.parametrize("source, target", [("mlp", "linear"), ("linear", "mlp")])
-def test_exit_heads_of_the_other_kind_start_fresh(tiny_task, tiny_data, source, target):
+def test_exit_heads_of_the_other_kind_start_fresh(tiny_task, tiny_data, source, target, caplog):
     """A stage that changes --exit-head restores the encoder and the final exit; each shallow
     exit keeps its own initialisation instead of failing on the other kind's weights."""
     _, task = tiny_task
@@ -223,7 +223,10 @@ def test_exit_heads_of_the_other_kind_start_fresh(tiny_task, tiny_data, source, 
     model, model_cfg = build_tiny(tiny_data, task, extra=["--exit-head", target], seed=4)
     fresh = {k: v.clone() for k, v in model.state_dict().items() if "_exit" in k}
     state = {k: v.clone() for k, v in trained.state_dict().items()}
-    model.load_state_dict(state, strict=True, model_cfg=model_cfg)
+    with caplog.at_level("WARNING", logger="acl_fairseq.models.multi_exit_roberta"):
+        model.load_state_dict(state, strict=True, model_cfg=model_cfg)
+    said = f"the checkpoint's is {source}, this model's {target}: it starts fresh (--exit-head "
+    assert f"{said}{source} keeps the checkpoint's)" in caplog.text  # not silently
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in fresh.items())
     assert all(torch.equal(after[k], v) for k, v in state.items() if "_exit" not in k)

@@ -449,8 +449,9 @@ class MultiExitRobertaModel(RobertaModel):
             mine = self.classification_heads[head] if head in self.classification_heads else None
             kind = head_kind_of(state_dict, f"{heads_prefix}{head}.")
             if mine is not None and mine.kind != kind:  # e.g. a stage 3 refitting linear exits
-                logger.info(f"exit head {head}: the checkpoint's is {kind}, this model's "
-                            f"{mine.kind} (--exit-head): it starts fresh")  # fmt: skip
+                logger.warning(f"exit head {head}: the checkpoint's is {kind}, this model's "
+                               f"{mine.kind}: it starts fresh (--exit-head {kind} keeps the "
+                               "checkpoint's)")  # fmt: skip
                 for k in [k for k in state_dict if k.startswith(f"{heads_prefix}{head}.")]:
                     del state_dict[k]
             elif layer not in self.shallow_exit_layers:
