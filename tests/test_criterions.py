@@ -60,15 +60,18 @@ def naive_with_labels(features, label_emb, targets, tau):
     )
 
 
+@pytest.mark.parametrize("exit_head", ["mlp", "linear"])
 @pytest.mark.parametrize("weighting", ["layer", "uniform"])
-def test_acl_cross_layer_against_reference(data_dir, weighting):
+def test_acl_cross_layer_against_reference(data_dir, weighting, exit_head):
     lam, lam_cl, tau = 0.7, 0.4, 0.25
     _, model, crit = build(
         data_dir,
         ["--criterion", "acl_cross_layer", "--contrastive-lambda", str(lam),
          "--cross-layer-lambda", str(lam_cl), "--temperature", str(tau),
-         "--exit-weighting", weighting],
+         "--exit-weighting", weighting, "--exit-head", exit_head],
     )  # fmt: skip
+    kinds = [head.kind for _, head in model.exit_heads()]
+    assert kinds == [exit_head] * (len(kinds) - 1) + ["mlp"]  # the final exit keeps RoBERTa's
     model.eval()
     s = sample()
     ce, con, n, log = crit.loss_terms(model, s)
