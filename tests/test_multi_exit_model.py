@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from acl_fairseq.early_exit.policies import MaxProbPolicy
 from acl_fairseq.models.heads import exit_head_name
 from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel, parse_exit_layers
-from acl_fairseq.models.pooling import MeanWeights, masked_mean
+from acl_fairseq.models.pooling import MeanWeights, masked_mean, row_mean
 
 from tiny_models import (
     HEAD,
@@ -341,3 +341,16 @@ def test_masked_mean_against_a_naive_loop(dtype):
         masked_mean(features, MeanWeights(full, has_pads=False)),
         masked_mean(features, MeanWeights(full)),
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_row_mean_is_masked_mean_of_one_unpadded_row(dtype):
+    """The batch-1 path's pooling (T x 1 x C, no weights) gives ``masked_mean``'s numbers."""
+    torch.manual_seed(0)
+    for length in (1, 7, 33):
+        x = torch.randn(length, 1, 48).to(dtype)  # T x 1 x C, as the encoder layers give it
+        weights = MeanWeights(torch.zeros(1, length, dtype=torch.bool), has_pads=False)
+        count = torch.full((1, 1), float(length))
+        pooled = row_mean(x, count)
+        assert pooled.dtype == dtype and pooled.shape == (1, 48)
+        assert torch.equal(pooled, masked_mean(x.transpose(0, 1), weights))

@@ -8,9 +8,9 @@ head's three, the policy's rule, the host sync); this path spends four or five:
 
 * the head: ``first`` pooling reads position 0 of the running row (``x.select(0, 0)``, then
   ``exit_hidden``: the final layer norm of a pre-norm model), ``mean`` pooling sums the row's
-  positions and divides by their count (``pooling.masked_mean``'s numbers); then ``dense``,
-  activation, ``out_proj`` (their ``forward`` when no hook is set; a ``linear`` head has
-  ``out_proj`` only); dropout is the identity in eval mode;
+  positions and divides by their count (``pooling.row_mean``, ``masked_mean``'s numbers); then
+  ``dense``, activation, ``out_proj`` (their ``forward`` when no hook is set; a ``linear`` head
+  has ``out_proj`` only); dropout is the identity in eval mode;
 * the decision (``early_exit.row_decider.RowDecider``): the logits come to the host once and
   the built-in kinds apply their rule there in float64, exactly the policy's decisions; other
   kinds decide on the tensor (one ``decide`` and one sync per exit).
@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..early_exit.policies import ExitPolicy
 from ..early_exit.row_decider import RowDecider
+from .pooling import row_mean
 from .types import EarlyExitResult
 
 __all__ = ["run_single_row"]
@@ -48,13 +49,6 @@ def _forward(module: Any, hooks: bool) -> Any:
     return module.forward
 
 
-def _row_mean(x: Tensor, count: Tensor) -> Tensor:
-    """T x 1 x C -> 1 x C: ``masked_mean`` of one unpadded row (float32 sum, ``count`` 1 x 1)."""
-    dtype = x.dtype
-    pooled = (x if dtype == torch.float32 else x.float()).sum(dim=0) / count
-    return pooled if dtype == torch.float32 else pooled.to(dtype)
-
-
 def _row_head(model: Any, head: Any, hooks: bool, count: Tensor) -> Callable[[Tensor], Tensor]:
     """``x`` (T x 1 x C, the running row's hidden states) -> logits (1 x K) of ``head`` in eval
     mode: the numbers of ``pool`` then ``classify``; ``count``: the row's length (1 x 1)."""
@@ -63,10 +57,10 @@ def _row_head(model: Any, head: Any, hooks: bool, count: Tensor) -> Callable[[Te
     if getattr(head, "kind", "mlp") == "linear":
         if head.pooling == "first":
             return lambda x: out_proj(exit_hidden(x.select(0, 0)))
-        return lambda x: out_proj(_row_mean(exit_hidden(x), count))
+        return lambda x: out_proj(row_mean(exit_hidden(x), count))
     if head.pooling == "first":
         return lambda x: out_proj(activation(dense(exit_hidden(x.select(0, 0)))))
-    return lambda x: out_proj(activation(dense(_row_mean(exit_hidden(x), count))))
+    return lambda x: out_proj(activation(dense(row_mean(exit_hidden(x), count))))
 
 
 def run_single_row(

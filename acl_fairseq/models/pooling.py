@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["MeanWeights", "masked_mean"]
+__all__ = ["MeanWeights", "masked_mean", "row_mean"]
 
 
 class MeanWeights:
@@ -43,4 +43,12 @@ def masked_mean(features: Tensor, weights: MeanWeights) -> Tensor:
     else:
         summed = features.sum(dim=1)
     pooled = summed / weights.count
+    return pooled if dtype == torch.float32 else pooled.to(dtype)
+
+
+def row_mean(x: Tensor, count: Tensor) -> Tensor:
+    """T x 1 x C hidden states of one unpadded row -> 1 x C: ``masked_mean``'s numbers without
+    its transpose and weights (the batch-1 path); ``count``: the row's length, 1 x 1 float32."""
+    dtype = x.dtype
+    pooled = (x if dtype == torch.float32 else x.float()).sum(dim=0) / count
     return pooled if dtype == torch.float32 else pooled.to(dtype)
