@@ -25,8 +25,9 @@ from fairseq_helpers import NEGATIVE, NEUTRAL, POSITIVE, REPO
 from tiny_bert import tiny_bert
 
 
-@pytest.mark.parametrize("autocast", ["none", "bf16"])
-def test_demo_trains_with_the_autocast_asked_for(tmp_path, monkeypatch, autocast):
+def demo_train_command(tmp_path, monkeypatch, method: str, restore, epochs: int, **kwargs):
+    """(the path ``demo.train`` returns, the one fairseq-train command it ran), the command
+    recorded instead of run; ``kwargs``: ``autocast`` (default none) and ``train``'s own."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "fairseq_args.txt").write_text("--arch roberta --encoder-layers 2\n")
@@ -37,34 +38,25 @@ def test_demo_trains_with_the_autocast_asked_for(tmp_path, monkeypatch, autocast
         (log_file.parent / "checkpoint_best.pt").write_bytes(b"")
 
     monkeypatch.setattr(demo, "run_logged", fake_run)
-    args = argparse.Namespace(
-        force=False, train=32, batch_size=16, lr=5e-5, seed=1, autocast=autocast
-    )
-    best = demo.train(tmp_path / "data", model, tmp_path / "run", "acl", args, tmp_path, 1)
-    assert best == tmp_path / "run" / "checkpoint_best.pt"
+    args = argparse.Namespace(force=False, train=32, batch_size=16, lr=5e-5, seed=1,
+                              autocast=kwargs.pop("autocast", "none"))  # fmt: skip
+    best = demo.train(tmp_path / "data", model, tmp_path / "run", method, args, restore, epochs,
+                      **kwargs)  # fmt: skip
     (cmd,) = commands
+    return best, cmd
+
+
+@pytest.mark.parametrize("autocast", ["none", "bf16"])
+def test_demo_trains_with_the_autocast_asked_for(tmp_path, monkeypatch, autocast):
+    best, cmd = demo_train_command(tmp_path, monkeypatch, "acl", tmp_path, 1, autocast=autocast)
+    assert best == tmp_path / "run" / "checkpoint_best.pt"
     assert flag_value(cmd, "--autocast") == (None if autocast == "none" else "bf16")
     assert flag_value(cmd, "--criterion") == "acl_embed" and flag_value(cmd, "--seed") == "1"
 
 
 def test_stage_3_refits_the_shallow_heads_on_the_frozen_model(tmp_path, monkeypatch):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "fairseq_args.txt").write_text("--arch roberta --encoder-layers 2\n")
-    commands = []
-
-    def fake_run(cmd, log_file):
-        commands.append(cmd)
-        (log_file.parent / "checkpoint_best.pt").write_bytes(b"")
-
-    monkeypatch.setattr(demo, "run_logged", fake_run)
-    args = argparse.Namespace(
-        force=False, train=32, batch_size=16, lr=5e-5, seed=1, autocast="none"
-    )
     stage2 = tmp_path / "acl_cl" / "checkpoint_best.pt"
-    demo.train(tmp_path / "data", model, tmp_path / "run", "multi_exit_joint", args, stage2, 10,
-               refit=True)  # fmt: skip
-    (cmd,) = commands
+    _, cmd = demo_train_command(tmp_path, monkeypatch, "multi_exit_joint", stage2, 10, refit=True)
     assert "--freeze-backbone" in cmd and flag_value(cmd, "--criterion") == "multi_exit_ce"
     assert flag_value(cmd, "--self-distill-weight") == "1"
     assert flag_value(cmd, "--self-distill-temperature") == "2"

@@ -49,15 +49,14 @@ def _forward(module: Any, hooks: bool) -> Any:
     return module.forward
 
 
-def _row_head(model: Any, head: Any, hooks: bool, count: Tensor) -> Callable[[Tensor], Tensor]:
+def _row_head(
+    model: Any, head: Any, hooks: bool, count: Tensor | None
+) -> Callable[[Tensor], Tensor]:
     """``x`` (T x 1 x C, the running row's hidden states) -> logits (1 x K) of ``head`` in eval
-    mode: the numbers of ``pool`` then ``classify``; ``count``: the row's length (1 x 1)."""
+    mode: the numbers of ``pool`` then ``classify`` (a linear head's ``dense`` and activation
+    are the identity); ``count``: the row's length (1 x 1), for ``mean`` pooling."""
     dense, out_proj = _forward(head.dense, hooks), _forward(head.out_proj, hooks)
     activation, exit_hidden = head.activation_fn, model.exit_hidden
-    if getattr(head, "kind", "mlp") == "linear":
-        if head.pooling == "first":
-            return lambda x: out_proj(exit_hidden(x.select(0, 0)))
-        return lambda x: out_proj(row_mean(exit_hidden(x), count))
     if head.pooling == "first":
         return lambda x: out_proj(activation(dense(exit_hidden(x.select(0, 0)))))
     return lambda x: out_proj(activation(dense(row_mean(exit_hidden(x), count))))
@@ -76,7 +75,9 @@ def run_single_row(
     device = src_tokens.device
     x, _ = encoder.forward_embedding(src_tokens)
     x = x.transpose(0, 1)  # T x 1 x C
-    count = torch.full((1, 1), float(max(1, src_tokens.size(1))), device=device)  # as MeanWeights
+    count = None  # the row's length, as MeanWeights has it, for mean pooling
+    if any(head.pooling == "mean" for head in heads.values()):
+        count = torch.full((1, 1), float(max(1, src_tokens.size(1))), device=device)
     hooks = _hooks_anywhere()
     row_heads = {layer: _row_head(model, head, hooks, count) for layer, head in heads.items()}
     decider = RowDecider(policy, device)

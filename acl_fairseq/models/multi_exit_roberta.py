@@ -445,9 +445,10 @@ class MultiExitRobertaModel(RobertaModel):
                         num_classes=state_dict[f"{heads_prefix}{head}.out_proj.weight"].size(0),
                         inner_dim=state_dict[f"{heads_prefix}{head}.dense.weight"].size(0),
                     )
+        kind_of = {head: head_kind_of(state_dict, f"{heads_prefix}{head}.") for head in exit_of}
         for head, (_, layer) in exit_of.items():
             mine = self.classification_heads[head] if head in self.classification_heads else None
-            kind = head_kind_of(state_dict, f"{heads_prefix}{head}.")
+            kind = kind_of[head]
             if mine is not None and mine.kind != kind:  # e.g. a stage 3 refitting linear exits
                 logger.warning(f"exit head {head}: the checkpoint's is {kind}, this model's "
                                f"{mine.kind}: it starts fresh (--exit-head {kind} keeps the "
@@ -462,7 +463,7 @@ class MultiExitRobertaModel(RobertaModel):
                 for k in [k for k in state_dict if k.startswith(f"{heads_prefix}{head}.")]:
                     del state_dict[k]
         # fairseq's upgrade reads every head's dense layer: linear exit heads wait outside it
-        linear = {h for h in exit_of if head_kind_of(state_dict, f"{heads_prefix}{h}.") == "linear"}
+        linear = {head for head, kind in kind_of.items() if kind == "linear"}
         held = {
             k: state_dict.pop(k)
             for k in list(state_dict)

@@ -382,9 +382,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print("-- stage 3: the shallow exits' heads refitted on the frozen model (multi_exit_ce")
         print(f"   {' '.join(REFIT_FLAGS)}, lr {REFIT_LR:g}, {args.refit_epochs} epochs)")
         refit_dir = runs / f"acl_cl_refit-ep{args.refit_epochs}"
-        deployed = train(
-            data, model_dir, refit_dir, "multi_exit_joint", args, acl_cl, args.refit_epochs, True
-        )
+        deployed = train(data, model_dir, refit_dir, "multi_exit_joint", args, acl_cl,
+                         args.refit_epochs, refit=True)  # fmt: skip
 
     step(f"5/{STEPS} held-out test accuracy (checkpoints chosen on dev)")
     ce_test = evaluate(data, ce, "acl_embed")
