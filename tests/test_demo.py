@@ -58,6 +58,7 @@ def test_stage_3_refits_the_shallow_heads_on_the_frozen_model(tmp_path, monkeypa
     stage2 = tmp_path / "acl_cl" / "checkpoint_best.pt"
     _, cmd = demo_train_command(tmp_path, monkeypatch, "multi_exit_joint", stage2, 10, refit=True)
     assert "--freeze-backbone" in cmd and flag_value(cmd, "--criterion") == "multi_exit_ce"
+    assert flag_value(cmd, "--exit-head") == "linear"
     assert flag_value(cmd, "--self-distill-weight") == "1"
     assert flag_value(cmd, "--self-distill-temperature") == "2"
     assert flag_value(cmd, "--restore-file") == str(stage2)
@@ -127,11 +128,14 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     (stage2,) = (work / "runs").glob("*/acl_cl/checkpoint_best.pt")
     (ckpt,) = (work / "runs").glob("*/acl_cl_refit-ep10/checkpoint_best.pt")
     before, after = (torch.load(p, weights_only=False)["model"] for p in (stage2, ckpt))
-    assert before.keys() == after.keys()
-    heads = [k for k in after if "_exit" in k]
+    heads = {k for k in before if "_exit" in k}
     assert heads and all(k.startswith("classification_heads.") for k in heads)
-    assert all(torch.equal(before[k], after[k]) for k in after if k not in heads)
-    assert not all(torch.equal(before[k], after[k]) for k in heads)
+    assert before.keys() - heads == after.keys() - heads
+    assert all(torch.equal(before[k], after[k]) for k in before.keys() - heads)
+    # the shallow heads are linear (--exit-head linear): out_proj only, trained from fresh
+    linear = {k for k in after if "_exit" in k}
+    assert linear == {k for k in heads if ".out_proj." in k}
+    assert not any(torch.equal(before[k], after[k]) for k in linear)
     # the deployable path: int8 and a policy chosen on dev, saved, reported, run by predict
     saved = read_policy(ckpt)
     assert saved is not None and saved.dtype == "int8" and saved.policy.kind == "entropy"
