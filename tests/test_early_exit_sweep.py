@@ -255,6 +255,105 @@ def test_sweep_reuses_one_pass_and_times_only_the_loop(one_thread) -> None:
     assert model.calls["exit_outputs"] == len(batches)  # the pass given is not repeated
 
 
+def _sweep_precision(args, model, dtype, backend, batches, head, num_classes, target, reference,
+                     thresholds):  # fmt: skip
+    """One precision as the sweep runs it: calibrate, time (when --repeats), finish."""
+    from acl_fairseq.cli.sweep.precision import calibrate, finish, time_all
+
+    out, thresholds = calibrate(
+        args, model, dtype, backend, batches, head, num_classes, target, reference, thresholds
+    )
+    if args.repeats:
+        time_all([out], batches, head, args)
+    finish(args, out)
+    return out, thresholds
+
+
+class LoggedFake(FakeMultiExit):
+    """A fake that writes ``(name, call)`` to a shared ``log`` per forward / early exit, and
+    whose layers cost ``scale`` times the base fake's."""
+
+    def __init__(self, name: str, log: list, scale: float = 1.0) -> None:
+        super().__init__()
+        self.name, self.log, self.LAYER_S = name, log, FakeMultiExit.LAYER_S * scale
+
+    def forward(self, tokens, classification_head_name=HEAD):
+        self.log.append((self.name, "full"))
+        return super().forward(tokens, classification_head_name)
+
+    def early_exit(self, tokens, policy, classification_head_name=HEAD):
+        self.log.append((self.name, policy.spec))
+        return super().early_exit(tokens, policy, classification_head_name)
+
+
+def test_time_together_times_several_models_in_the_same_rounds(one_thread) -> None:
+    """Two models (say two precisions) and their policies: every round runs every job of both,
+    in alternating order, and each row's times are its own model's; the model whose layers
+    cost three times more is timed about three times slower at full depth."""
+    from acl_fairseq.inference.measure import policy_rows, time_together
+
+    batches, _ = _fake_batches()
+    policies = [make_policy("entropy", t) for t in (0.5, math.inf)]
+    log: list = []
+    fast, slow = LoggedFake("fast", log), LoggedFake("slow", log, scale=3.0)
+    runs = []
+    for model in (fast, slow):
+        rows = policy_rows(*collect_exits(model, batches, HEAD), policies, 8)
+        runs.append((model, policies, rows))
+    log.clear()
+    lines: list[str] = []
+    time_together(runs, batches, HEAD, repeats=2, progress=lines.append, label="batch 8")
+    jobs = [(name, spec) for name in ("fast", "slow")
+            for spec in ("full", "entropy:0.5", "entropy:inf")]  # fmt: skip
+    warmup = jobs  # one batch each
+    round_1 = [j for j in jobs for _ in batches]
+    round_2 = [j for j in reversed(jobs) for _ in batches]
+    assert log == warmup + round_1 + round_2
+    assert len(lines) == 2 and all(line.startswith("batch 8: timed round ") for line in lines)
+    (_, _, fast_rows), (_, _, slow_rows) = runs
+    for rows in (fast_rows, slow_rows):
+        assert rows[0]["early_ms"] == rows[0]["full_ms"] and rows[0]["wall_speedup"] == 1.0
+        assert all(r["full_ms"] == rows[0]["full_ms"] for r in rows)
+        assert all(r["early_ms"] > 0 and r["wall_speedup"] > 0 for r in rows)
+    assert 2.0 < slow_rows[0]["full_ms"] / fast_rows[0]["full_ms"] < 4.5
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        time_together(runs, batches, HEAD, repeats=0)
+
+
+def test_the_sweep_times_every_precision_before_it_chooses(one_thread) -> None:
+    """``time_all`` over two precisions: their jobs alternate within each round; then each
+    precision's saved entry has its own times."""
+    from acl_fairseq.cli.sweep.cli import build_parser
+    from acl_fairseq.cli.sweep.precision import calibrate, finish, time_all
+    from acl_fairseq.inference.deploy import DeployTarget
+
+    batches, _ = _fake_batches()
+    args = build_parser().parse_args(
+        ["ck.pt", "data", "--thresholds", "0.5", "--batch-sizes", "8", "--repeats", "1",
+         "--max-accuracy-drop", "100", "--dtypes", "fp32,bf16"]
+    )  # fmt: skip
+    target = DeployTarget(max_accuracy_drop=100, head_cost=args.head_cost)
+    log: list = []
+    found, thresholds = [], None
+    for name in ("fp32", "bf16"):
+        model = LoggedFake(name, log, scale=1.0 if name == "fp32" else 0.5)
+        out, thresholds = calibrate(
+            args, model, name, "fairseq", {8: batches}, HEAD, 2, target, None, thresholds
+        )
+        found.append(out)
+    log.clear()
+    time_all(found, {8: batches}, HEAD, args)
+    jobs = [
+        (out.dtype, spec) for out in found for spec in ["full"] + [p.spec for p in out.policies]
+    ]
+    assert log == jobs + [j for j in jobs for _ in batches]  # the warm-up, then one round
+    for out in found:
+        finish(args, out)
+        assert 0 < out.entry["ms_per_example"] < out.entry["full_ms_per_example"]
+    fp32, bf16 = (out.entry["full_ms_per_example"] for out in found)
+    assert bf16 < fp32  # the half-cost model, timed in the same rounds
+
+
 class SlowExitFake(FakeMultiExit):
     """The fake whose early-exit loop costs more than its whole forward (exits that do not
     pay)."""
@@ -268,7 +367,7 @@ class SlowExitFake(FakeMultiExit):
 def test_sweep_deploys_no_policy_timed_slower_than_full_depth(model_class, one_thread) -> None:
     """The choice at the first batch size is timed: saved with its times when faster than
     full depth, an error naming the flags when slower (even though it saves layers)."""
-    from acl_fairseq.cli.sweep.cli import _sweep_precision, build_parser
+    from acl_fairseq.cli.sweep.cli import build_parser
     from acl_fairseq.inference.deploy import DeployTarget
 
     batches, _ = _fake_batches()
@@ -310,7 +409,7 @@ def test_a_precision_own_head_cost_chooses_its_policy(one_thread) -> None:
     """``--head-cost 0,fp32=0.3``: the fp32 per-exit policy is calibrated at 0.3 layers an exit
     (the one ``deploy.choose`` gives at that cost, fewer exits than at 0), recorded in its
     entry."""
-    from acl_fairseq.cli.sweep.cli import _sweep_precision, build_parser
+    from acl_fairseq.cli.sweep.cli import build_parser
     from acl_fairseq.early_exit.thresholds import collect_exits
     from acl_fairseq.inference.deploy import DeployTarget, choose
 

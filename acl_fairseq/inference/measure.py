@@ -17,7 +17,8 @@ first-call costs), then ``repeats`` rounds; each round times the full forward an
 over all batches, in alternating order, so machine noise hits them alike. Times and
 throughput exclude the warm-up. The wall-clock speed-up is the median over rounds of the
 per-round ratio. ``repeats=0``: no timing (those columns are empty). ``torch.set_num_threads``
-is left as it is.
+is left as it is. ``time_together`` times several models (precisions, backends) in the same
+rounds, so that their times compare with each other too.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch import Tensor
 from ..early_exit.policies import ExitPolicy
 from ..early_exit.thresholds import ExitLogits, collect_exits, simulate_exits
 
-__all__ = ["Batch", "policy_rows", "sweep"]
+__all__ = ["Batch", "Run", "policy_rows", "sweep", "time_together"]
 
 Batch = tuple[Tensor, Tensor]
 """``(src_tokens B x T, target B)`` on the model's device."""
@@ -137,41 +138,84 @@ def sweep(
     if repeats == 0:
         return rows
 
-    device = batches[0][0].device
-    examples = int(targets.numel())
+    time_together(
+        [(model, policies, rows)],
+        batches,
+        head,
+        repeats,
+        progress,
+        label=f"{dtype}, batch {batch_size}",
+        start=start,
+    )
+    return rows
 
-    def full(part: Sequence[Batch] = batches) -> Callable[[], Any]:
+
+Run = tuple[Any, Sequence[ExitPolicy], list[dict[str, Any]]]
+"""``(model, policies, rows)``: a model, its policies, and its ``policy_rows`` on the batches
+(the full model's row first, then one per policy) whose timing columns are filled."""
+
+
+def time_together(
+    runs: Sequence[Run],
+    batches: Sequence[Batch],
+    head: str = "sentence_classification_head",
+    repeats: int = 3,
+    progress: Callable[[str], None] | None = None,
+    label: str = "",
+    start: float | None = None,
+) -> None:
+    """Times every run's full forward and each of its policies on ``batches`` in the same
+    rounds, alternating their order, and fills the rows' ``full_ms``, ``early_ms``,
+    ``wall_speedup`` and ``fraction_of_ideal``: so that runs at several precisions or on
+    several backends compare with each other, not only with their own full depth."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1 to time, got {repeats}")
+    start = time.perf_counter() if start is None else start
+    device = batches[0][0].device
+    examples = sum(int(t.size(0)) for t, _ in batches)
+
+    def full(model: Any, part: Sequence[Batch]) -> Callable[[], Any]:
         return lambda: [model(t, classification_head_name=head)[0].argmax(-1) for t, _ in part]
 
-    def early(policy: ExitPolicy, part: Sequence[Batch] = batches) -> Callable[[], Any]:
+    def early(model: Any, policy: ExitPolicy, part: Sequence[Batch]) -> Callable[[], Any]:
         return lambda: [model.early_exit(t, policy, classification_head_name=head) for t, _ in part]
 
+    def jobs(part: Sequence[Batch]) -> list[Callable[[], Any]]:
+        return [
+            job
+            for model, policies, _ in runs
+            for job in [full(model, part)] + [early(model, p, part) for p in policies]
+        ]
+
     with torch.no_grad():
-        for job in [full(batches[:1])] + [early(p, batches[:1]) for p in policies]:
+        for job in jobs(batches[:1]):
             job()  # warm-up, not timed
-        jobs = [full()] + [early(p) for p in policies]
-        times: list[list[float]] = [[] for _ in jobs]
+        timed = jobs(batches)
+        times: list[list[float]] = [[] for _ in timed]
         for round_idx in range(repeats):
-            order = range(len(jobs)) if round_idx % 2 == 0 else reversed(range(len(jobs)))
+            order = range(len(timed)) if round_idx % 2 == 0 else reversed(range(len(timed)))
             for j in order:
-                times[j].append(_timed(jobs[j], device))
+                times[j].append(_timed(timed[j], device))
             if progress is not None:
                 progress(
-                    f"{dtype}, batch {batch_size}: timed round {round_idx + 1}/{repeats} "
+                    f"{label}: timed round {round_idx + 1}/{repeats} "
                     f"[{time.perf_counter() - start:.0f} s]"
                 )
 
     def per_example_ms(seconds: list[float]) -> float:
         return 1000.0 * statistics.median(seconds) / examples
 
-    full_ms = per_example_ms(times[0])
-    rows[0].update(full_ms=full_ms, early_ms=full_ms, wall_speedup=1.0, fraction_of_ideal=1.0)
-    for row, t in zip(rows[1:], times[1:]):
-        wall = statistics.median(f / e for f, e in zip(times[0], t))
-        row.update(
-            full_ms=full_ms,
-            early_ms=per_example_ms(t),
-            wall_speedup=wall,
-            fraction_of_ideal=wall / row["layer_speedup"],
-        )
-    return rows
+    first = 0
+    for _, policies, rows in runs:
+        own = times[first : first + 1 + len(policies)]
+        first += 1 + len(policies)
+        full_ms = per_example_ms(own[0])
+        rows[0].update(full_ms=full_ms, early_ms=full_ms, wall_speedup=1.0, fraction_of_ideal=1.0)
+        for row, t in zip(rows[1:], own[1:]):
+            wall = statistics.median(f / e for f, e in zip(own[0], t))
+            row.update(
+                full_ms=full_ms,
+                early_ms=per_example_ms(t),
+                wall_speedup=wall,
+                fraction_of_ideal=wall / row["layer_speedup"],
+            )

@@ -344,9 +344,9 @@ def report_deployable(checkpoint: Path, data: Path, work: Path, args: argparse.N
         f"accuracy and layers used: all {args.test} test sentences, batch "
         f"{deploy.BATCH_SIZES[0]}; speed-up: time per sentence of fp32 at full depth / the "
         f"row's, at the same batch size, on the first {args.sweep_examples} test sentences "
-        f"(CPU, OMP_NUM_THREADS={threads}, median of {deploy.TIMED_ROUNDS} rounds; each precision "
-        "timed after the other, so a busy machine moves these ratios). Every row: "
-        f"{shown(work / 'early_exit_test.tsv')}, {shown(work / 'early_exit_test_timed_*.tsv')}.",
+        f"(CPU, OMP_NUM_THREADS={threads}, median of {deploy.TIMED_ROUNDS} rounds, each timing "
+        "every row, every precision in the same round). Every row: "
+        f"{shown(work / 'early_exit_test.tsv')}, {shown(work / 'early_exit_test_timed.tsv')}.",
     ])  # fmt: skip
     print(text)
     return text

@@ -8,8 +8,8 @@
    precision (int8) as the default that predict runs.
 2. ``measure_on_test``: the same sweep on test with each precision's chosen threshold: untimed
    over the whole split (accuracy, layers used), then timed at batch 32 and 1 over the first
-   sentences, one precision after another (``acl_fairseq.inference.measure``: the median of
-   rounds that interleave full depth and the policy).
+   sentences, every precision's full depth and policies in the same interleaved rounds
+   (``acl_fairseq.inference.measure.time_together``), so that they compare with fp32's.
 3. ``deploy_table``: one row per precision at full depth and with its policy; speed-up = the
    time per sentence of fp32 full depth / the row's, at the same batch size.
 """
@@ -109,8 +109,8 @@ def measure_on_test(
     checkpoint: Path, data: Path, saved: SavedPolicy, work: Path, timed_examples: int
 ) -> tuple[Rows, Rows]:
     """(accuracy rows over the whole test split, timed rows over its first
-    ``timed_examples`` sentences) of every precision's chosen policy and full depth. The
-    timing runs one sweep per precision, with that precision's threshold only."""
+    ``timed_examples`` sentences) of every precision's chosen policy and full depth. One
+    timed sweep of every precision and the chosen thresholds, in the same rounds."""
     dtypes = [REFERENCE] + [d for d in saved.by_dtype if d != REFERENCE]
     chosen = {d: threshold_text(saved.policy_at(d)[0]) for d in dtypes}
     common = ["--split", "test", "--policy", POLICY_KIND]
@@ -122,19 +122,16 @@ def measure_on_test(
                       "--out", str(accuracy_tsv)),
         "acl-fairseq-sweep on test (accuracy)",
     )  # fmt: skip
-    timed: Rows = {}
-    for dtype in dtypes:
-        out = work / f"early_exit_test_timed_{dtype}.tsv"
-        _run(
-            sweep_command(checkpoint, data, *common, "--dtypes", dtype,
-                          "--thresholds", chosen[dtype],
-                          "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
-                          "--max-examples", str(timed_examples), "--repeats", str(TIMED_ROUNDS),
-                          "--out", str(out)),
-            f"acl-fairseq-sweep on test (timing {dtype})",
-        )  # fmt: skip
-        timed.update(read_rows(out))
-    return read_rows(accuracy_tsv), timed
+    timed_tsv = work / "early_exit_test_timed.tsv"
+    _run(
+        sweep_command(checkpoint, data, *common, "--dtypes", ",".join(dtypes),
+                      "--thresholds", ",".join(sorted(set(chosen.values()))),
+                      "--batch-sizes", ",".join(map(str, BATCH_SIZES)),
+                      "--max-examples", str(timed_examples), "--repeats", str(TIMED_ROUNDS),
+                      "--out", str(timed_tsv)),
+        "acl-fairseq-sweep on test (timing)",
+    )  # fmt: skip
+    return read_rows(accuracy_tsv), read_rows(timed_tsv)
 
 
 def _key(dtype: str, batch: int, policy: ExitPolicy | None) -> tuple[str, int, str, str]:

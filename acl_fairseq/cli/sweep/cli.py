@@ -12,8 +12,10 @@ is printed once, and each precision's full-depth accuracy and agreement with fp3
 One ``exit_outputs`` pass per precision and batch size gives the accuracy and exit layers of
 every policy (simulated: the loop's decisions); only the timing runs the early-exit loop:
 ``--repeats`` interleaved rounds after an untimed warm-up, medians; the times exclude the
-warm-up (``acl_fairseq.inference.measure``); ``--repeats 0`` skips timing.
-``torch.set_num_threads`` is left as it is.
+warm-up (``acl_fairseq.inference.measure``); ``--repeats 0`` skips timing. Every precision and
+backend is timed in the same rounds (each keeps its model until then), so their times compare
+with each other, not only with their own full depth. ``torch.set_num_threads`` is left as it
+is.
 
 Policies: ``entropy``, ``maxprob`` (``--thresholds``, default a fixed grid; ``quantiles[:N]``:
 N thresholds whose mean exit layers spread evenly from full depth to the first exit),
@@ -68,7 +70,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,22 +87,18 @@ from acl_fairseq.cli.sweep.checks import (
     int_list,
     threshold_spec,
 )
+from acl_fairseq.cli.sweep.precision import Precision, calibrate, fastest, finish, time_all
 from acl_fairseq.console.help_format import HelpFormatter
 from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.data.splits import check_split, load_batches
-from acl_fairseq.early_exit.calibrate import CONSTRAINTS, calibrated_family
-from acl_fairseq.early_exit.policies import POLICIES, make_policy, policy_kind
-from acl_fairseq.early_exit.table import format_layer_scores, format_markdown, write_table
+from acl_fairseq.early_exit.calibrate import CONSTRAINTS
+from acl_fairseq.early_exit.policies import POLICIES
+from acl_fairseq.early_exit.table import format_markdown, write_table
 from acl_fairseq.early_exit.thresholds import (
     TargetError,
-    collect_exits,
-    exit_accuracies,
-    oracle_rows,
-    sweep_thresholds,
 )
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import load_for_inference
-from acl_fairseq.inference.measure import sweep
 from acl_fairseq.inference.onnx_runtime import (
     BACKENDS,
     ONNX_CACHE,
@@ -261,95 +258,6 @@ def _describe(dtype: str, choice: deploy.Choice, entry: dict[str, Any], split: s
     )
 
 
-class Precision:
-    """What the sweep found at one precision: table rows, oracle rows, notes, the choice."""
-
-    def __init__(self, dtype: str, backend: str = BACKENDS[0]) -> None:
-        self.dtype = dtype
-        self.backend = backend
-        self.rows: list[dict[str, Any]] = []
-        self.oracles: list[dict[str, Any]] = []
-        self.note = ""
-        self.choice: deploy.Choice | None = None
-        self.entry: dict[str, Any] | None = None
-
-
-def _policies(args: argparse.Namespace, exits: Any, thresholds: Any, head_cost: float) -> list:
-    """The rows' policies at one precision: the kind's thresholds (from the first precision's
-    pass, so that rows line up) or, for a calibrated kind, its policies at each target."""
-    exit_logits, targets = exits
-    if policy_kind(args.policy).calibrated:
-        drops = sorted({*(args.drops or DEFAULT_DROPS), args.max_accuracy_drop or 0.0})
-        return calibrated_family(
-            args.policy, exit_logits, targets, drops, args.constraint, head_cost, args.patience,
-        )  # fmt: skip
-    return [make_policy(args.policy, t) for t in thresholds]
-
-
-def _sweep_precision(
-    args: argparse.Namespace,
-    model: Any,
-    dtype: str,
-    backend: str,
-    batches: dict[int, list],
-    head: str,
-    num_classes: int,
-    target: deploy.DeployTarget | None,
-    reference: torch.Tensor | None,
-    thresholds: list | None,
-) -> tuple[Precision, list | None]:
-    """Every batch size at ``dtype`` (one ``exit_outputs`` pass each); the curve, the bounds
-    and the choice from the first batch size's pass. Raises ``TargetError``."""
-    out = Precision(dtype, backend)
-    label = dtype if len(args.backend) == 1 else f"{dtype} on {backend}"
-    head_cost = args.head_cost.at(dtype, backend)  # --head-cost NAME=COST: its own
-    if target is not None:
-        target = dataclasses.replace(target, head_cost=head_cost)
-    first = args.batch_sizes[0]
-    exit_logits, targets = exits = collect_exits(model, batches[first], head)
-    scores = exit_accuracies(exit_logits, targets)
-    out.note = f"{label}:\n\n{format_layer_scores(scores, model.num_layers)}\n"
-    if thresholds is None and not policy_kind(args.policy).calibrated:
-        thresholds = sweep_thresholds(args.thresholds, args.policy, exit_logits, num_classes)
-    policies = _policies(args, exits, thresholds, head_cost)
-    out.oracles = oracle_rows(exit_logits, targets, first, label)
-    if target is not None and target.max_accuracy_drop is not None:
-        out.choice = deploy.choose(args.policy, exit_logits, targets, target, split=args.split)
-        if out.choice.policy not in policies:
-            policies.append(out.choice.policy)
-    for size in args.batch_sizes:
-        pass_ = exits if size == first else collect_exits(model, batches[size], head)
-        out.rows += sweep(
-            model, batches[size], policies, head, args.repeats, size, _progress, exits=pass_,
-            dtype=label,
-        )  # fmt: skip
-    part = [r for r in out.rows if r["batch_size"] == first]
-    if target is not None and target.target_speedup is not None:
-        out.choice = deploy.choose(args.policy, exit_logits, targets, target, part, args.split)
-    extra: dict[str, Any] = {"batch_size": first, "backend": backend}
-    if reference is not None:
-        final = exit_logits[-1][1].argmax(-1).cpu()
-        agree = 100.0 * float(final.eq(reference).double().mean())
-        extra["full_agreement_with_fp32"] = round(agree, 4)
-        out.note += (
-            f"full depth at {label}: accuracy {part[0]['accuracy']:.2f}%, agreement with fp32 "
-            f"{agree:.2f}%\n"
-        )
-    if out.choice is not None:
-        value = out.choice.policy.value
-        timed = next(r for r in part[1:] if r["threshold"] == value)
-        if timed["early_ms"] is not None:
-            deploy.check_measured(
-                out.choice.policy, timed["early_ms"], timed["full_ms"], first, args.split
-            )
-            extra["ms_per_example"] = round(timed["early_ms"], 4)
-            extra["full_ms_per_example"] = round(timed["full_ms"], 4)
-        out.entry = deploy.entry(out.choice, exit_logits, targets, head_cost, **extra)
-        if args.head_cost.own:  # NAME=COST given: the cost this entry was chosen at
-            out.entry["head_cost"] = head_cost
-    return out, thresholds
-
-
 def _runner(
     backend: str, model: Any, dtype: str, head: str, cache: Path, fingerprint: str, last: bool
 ) -> Any:
@@ -358,18 +266,6 @@ def _runner(
     if backend == "onnxruntime":
         return OrtEarlyExit(model, head, cache, dtype, None, fingerprint, shared_pool=True)
     return prepare_for_inference(model if last else copy.deepcopy(model), dtype)
-
-
-def _fastest(tried: list[Precision]) -> Precision:
-    """The one of a precision's backends whose chosen policy ran fastest per row at the first
-    batch size (the only one when one was tried or nothing was chosen); its entry records
-    every backend's time."""
-    timed = [p for p in tried if p.entry is not None and "ms_per_example" in p.entry]
-    if len(tried) == 1 or len(timed) < len(tried):
-        return tried[0]
-    best = min(timed, key=lambda p: p.entry["ms_per_example"])  # type: ignore[index]
-    best.entry["timed_backends"] = {p.backend: p.entry["ms_per_example"] for p in timed}
-    return best
 
 
 def _replaced_policy(checkpoint: str, fingerprint: str) -> str:
@@ -433,15 +329,17 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
     chosen: list[Precision] = []  # per precision, the backend whose policy ran faster
     thresholds = None
     cache = args.onnx_cache or Path(args.checkpoint).parent / ONNX_CACHE
+    plans: list[tuple[str, list[Precision], list[str], bool]] = []  # per precision
     for number, dtype in enumerate(args.dtypes):
-        last = number == len(args.dtypes) - 1
+        # the last precision may take the model in place, unless every runner waits for timing
+        last = number == len(args.dtypes) - 1 and not args.repeats
         backends = [b for b in args.backend if b != "onnxruntime" or dtype in ORT_DTYPES]
         backends.sort(key=lambda b: b != "onnxruntime")  # it exports the fp32 model first
         tried, failed = [], []
         for backend in backends:
             model_d = _runner(backend, model, dtype, head, cache, loaded.fingerprint, last)
             try:
-                result, thresholds = _sweep_precision(
+                result, thresholds = calibrate(
                     args, model_d, dtype, backend, batches, head, num_classes, target,
                     reference, thresholds,
                 )  # fmt: skip
@@ -450,13 +348,30 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
                 continue
             finally:
                 del model_d
+            if not args.repeats:
+                result.model = None  # nothing to time: free it now
             tried.append(result)
         if not tried:
+            raise TargetError("; ".join(failed))
+        plans.append((dtype, tried, failed, len(backends) > 1))
+    if args.repeats:  # every precision and backend in the same rounds
+        time_all([p for plan in plans for p in plan[1]], batches, head, args, _progress)
+    for dtype, tried, failed, several in plans:
+        done = []
+        for p in tried:
+            p.model = None
+            try:
+                finish(args, p)
+            except TargetError as e:
+                failed.append(f"{dtype}{f' on {p.backend}' if several else ''}: {e}")
+                continue
+            done.append(p)
+        if not done:
             raise TargetError("; ".join(failed))
         for message in failed:  # another backend's policy was deployable
             _progress(f"not deployed: {message}")
         found += tried
-        chosen.append(_fastest(tried))
+        chosen.append(fastest(done))
 
     rows = [r for p in found for r in p.rows]
     oracles = [r for p in found for r in p.oracles]
