@@ -94,9 +94,7 @@ from acl_fairseq.data.splits import check_split, load_batches
 from acl_fairseq.early_exit.calibrate import CONSTRAINTS
 from acl_fairseq.early_exit.policies import POLICIES
 from acl_fairseq.early_exit.table import format_markdown, write_table
-from acl_fairseq.early_exit.thresholds import (
-    TargetError,
-)
+from acl_fairseq.early_exit.thresholds import TargetError
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.onnx_runtime import (
