@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Runtime sessions of the model's segments, --dtypes fp32 / int8, CPU): the policies are "
         "chosen on its own exits, and acl-fairseq-predict runs the saved one on it; "
         "fairseq,onnxruntime: both, and each precision is saved with the one whose chosen "
-        "policy ran faster (timed at the first --batch-sizes)",
+        "policy ran faster (timed at the first --batch-sizes, both in the same rounds)",
     )
     parser.add_argument(
         "--onnx-cache",
