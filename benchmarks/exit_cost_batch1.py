@@ -13,6 +13,9 @@ every row staying to the last layer, so the ratio is the exits' cost alone:
   batch-1 path (``models.early_exit_row``);
 * ``all exits, general loop``: the same through the general batched loop
   (``run_early_exit(..., single_row=False)``): what batch 1 cost before the batch-1 path;
+* ``batch-1 loop, last exit only``: the batch-1 path with no shallow exit, so that ``all
+  exits`` minus this row is the exits' own cost and this row is the loop's against the plain
+  forward;
 * ``exits 2,4`` / ``exit 3``: a per-exit policy that evaluates only some exits (the skip list
   the sweep's calibration writes when an exit does not pay for its head, ``--head-cost``);
 * ``all exits, bf16 heads`` / ``int8 heads`` (fp32 encoder only): only the shallow heads'
@@ -58,6 +61,7 @@ from acl_fairseq.inference.precision import (
     prepare_for_inference,
 )
 from acl_fairseq.models.early_exit_loop import run_early_exit
+from acl_fairseq.models.early_exit_row import run_single_row
 from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
 from benchmarks.common import (
     GOAL_OVERHEAD,
@@ -72,6 +76,7 @@ ORT = "ort"  # the ONNX Runtime backend's int8 segments, beside the torch precis
 NOBODY = 1e-30  # an entropy threshold no row passes: every exit evaluated, nobody leaves
 PLAIN = "plain forward"
 GENERAL = "all exits, general loop (no batch-1 path: before)"
+LAST_ONLY = "batch-1 loop, last exit only"
 
 
 def random_model(pooling: str, length: int) -> tuple[Any, list[Tensor]]:
@@ -118,6 +123,7 @@ def variants(model: Any, dtype: str, onnx_folder: Path) -> dict[str, tuple[Any, 
     }
     if dtype != ORT:
         out[GENERAL] = (base, EntropyPolicy(NOBODY))
+        out[LAST_ONLY] = (base, EntropyPolicy(NOBODY))
     half = tuple(layer for layer in shallow if layer % 2 == 0)
     if half and half != shallow:
         policy = PerExitEntropyPolicy(half, (NOBODY,) * len(half))
@@ -133,12 +139,15 @@ def variants(model: Any, dtype: str, onnx_folder: Path) -> dict[str, tuple[Any, 
 
 
 def job(
-    model: Any, policy: ExitPolicy | None, rows: Sequence[Tensor], general: bool = False
+    model: Any, policy: ExitPolicy | None, rows: Sequence[Tensor], name: str = ""
 ) -> Callable[[], Any]:
     if policy is None:
         return lambda: [model(r, classification_head_name=HEAD) for r in rows]
-    if general:  # the general batched loop, without the batch-1 path
+    if name == GENERAL:  # the general batched loop, without the batch-1 path
         return lambda: [run_early_exit(model, r, policy, HEAD, single_row=False) for r in rows]
+    if name == LAST_ONLY:
+        last = {model.num_layers: dict(model.exit_heads(HEAD))[model.num_layers]}
+        return lambda: [run_single_row(model, r, policy, last) for r in rows]
     return lambda: [model.early_exit(r, policy, classification_head_name=HEAD) for r in rows]
 
 
@@ -202,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as onnx_folder:  # ort: the exported segments
         for dtype in dtypes:
             cases = variants(model, dtype, Path(onnx_folder))
-            jobs = {name: job(m, p, rows, name == GENERAL) for name, (m, p) in cases.items()}
+            jobs = {name: job(m, p, rows, name) for name, (m, p) in cases.items()}
             with torch.inference_mode():
                 times = interleaved(jobs, args.rounds)
             plain = times[PLAIN]

@@ -21,8 +21,10 @@ def test_the_table_has_every_variant_and_precision(capsys):
     assert rows["variant"] == ["fp32", "int8", "ort"]
     for name in ("all 5 exits", "exits 2,4 only (skip list)", "exit 3 only (skip list)"):
         assert all(re.fullmatch(r"[+-]\d+\.\d%", c) for c in rows[name]), (name, rows[name])
-    general = rows[exit_cost_batch1.GENERAL]
-    assert general[2] == "-" and re.fullmatch(r"[+-]\d+\.\d%", general[0])  # torch only
+    for name in (exit_cost_batch1.GENERAL, exit_cost_batch1.LAST_ONLY):  # torch only
+        assert rows[name][2] == "-" and all(
+            re.fullmatch(r"[+-]\d+\.\d%", c) for c in rows[name][:2]
+        )
     costs = rows["head cost, layers (--head-cost)"]
     assert all(re.fullmatch(r"-?\d+\.\d{3}", c) for c in costs), costs
 
