@@ -7,7 +7,8 @@ K x C ``out_proj``) and the policy's decision. The head's arithmetic is ~0.15 MF
 is reading the ``dense`` weights back after the layer pushed them out of the cache, and the
 fixed cost of each tensor op run right after a layer (docs/results.md). Each
 variant is timed against the plain full-depth forward *at the same encoder precision*, with
-every row staying to the last layer, so the ratio is the exits' cost alone:
+every row staying to the last layer, so the ratio is the exits' cost (with the batch-1 loop's
+own, which one row gives apart):
 
 * ``all exits``: every shallow exit evaluated (``entropy:1e-30``: nobody leaves), on the
   batch-1 path (``models.early_exit_row``);

@@ -71,7 +71,7 @@ REFIT_FLAGS = (
 """Stage 3: only the shallow exits' heads train (linear ones, fresh), toward the labels and the
 final exit."""
 REFIT_LR = 1e-3
-"""Chosen on the demo's dev split (docs/results.md, "Demo")."""
+"""Chosen on the demo's dev split (docs/results.md, "The exits refitted on the frozen model")."""
 
 
 def step(title: str) -> None:
