@@ -126,7 +126,7 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     assert "| ACL + ACL-CL stage 2 |" in output and "| exits refitted (stage 3) |" in output
     # stage 3 trained the shallow exits' heads only: every other weight is stage 2's
     (stage2,) = (work / "runs").glob("*/acl_cl/checkpoint_best.pt")
-    (ckpt,) = (work / "runs").glob("*/acl_cl_refit-ep10/checkpoint_best.pt")
+    (ckpt,) = (work / "runs").glob("*/acl_cl_refit-ep20/checkpoint_best.pt")
     before, after = (torch.load(p, weights_only=False)["model"] for p in (stage2, ckpt))
     heads = {k for k in before if "_exit" in k}
     assert heads and all(k.startswith("classification_heads.") for k in heads)

@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--epochs", type=int, default=1, help="epochs of each stage")
-    p.add_argument("--refit-epochs", type=int, default=10,
+    p.add_argument("--refit-epochs", type=int, default=20,
                    help="epochs of stage 3, the exits' heads refitted on the frozen model "
                    "(forward passes only; 0: skip it and deploy stage 2)")  # fmt: skip
     p.add_argument("--seed", type=int, default=1)
