@@ -205,10 +205,9 @@ def time_together(
     def per_example_ms(seconds: list[float]) -> float:
         return 1000.0 * statistics.median(seconds) / examples
 
-    first = 0
+    per_job = iter(times)  # the jobs' order: each run's full forward, then its policies
     for _, policies, rows in runs:
-        own = times[first : first + 1 + len(policies)]
-        first += 1 + len(policies)
+        own = [next(per_job) for _ in range(1 + len(policies))]
         full_ms = per_example_ms(own[0])
         rows[0].update(full_ms=full_ms, early_ms=full_ms, wall_speedup=1.0, fraction_of_ideal=1.0)
         for row, t in zip(rows[1:], own[1:]):

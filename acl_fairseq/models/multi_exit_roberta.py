@@ -453,15 +453,15 @@ class MultiExitRobertaModel(RobertaModel):
                 logger.warning(f"exit head {head}: the checkpoint's is {kind}, this model's "
                                f"{mine.kind}: it starts fresh (--exit-head {kind} keeps the "
                                "checkpoint's)")  # fmt: skip
-                for k in [k for k in state_dict if k.startswith(f"{heads_prefix}{head}.")]:
-                    del state_dict[k]
             elif layer not in self.shallow_exit_layers:
                 logger.warning(
                     f"deleting exit head {head} from checkpoint: this model has no exit at "
                     f"layer {layer} (--exit-layers {','.join(map(str, self.shallow_exit_layers))})"
                 )
-                for k in [k for k in state_dict if k.startswith(f"{heads_prefix}{head}.")]:
-                    del state_dict[k]
+            else:
+                continue
+            for k in [k for k in state_dict if k.startswith(f"{heads_prefix}{head}.")]:
+                del state_dict[k]
         # fairseq's upgrade reads every head's dense layer: linear exit heads wait outside it
         linear = {head for head, kind in kind_of.items() if kind == "linear"}
         held = {
