@@ -10,8 +10,9 @@ exit's answer at temperature 2), on one of these inputs (``INPUTS``):
   ``--exit-pooling mean`` reads);
 * ``mean+max``, ``mean+first``, ``mean+max+first``: beside it, their max over the real tokens
   and the first position's;
-* ``layers 1..i, concatenated`` / ``layers 1..i, averaged``: the mean of every layer so far (an
-  exit that sees more than its own layer; at batch 1 the earlier means are already computed).
+* ``means-so-far-concat`` / ``means-so-far-avg``: the means of layers 1..i, concatenated or
+  averaged (an exit that sees more than its own layer; at batch 1 the earlier means are already
+  computed).
 
 For each input, over ``--seeds``: the test accuracy of every exit, ``oracle-final`` (the earliest
 exit that agrees with the final one), and every policy family of
@@ -96,8 +97,8 @@ INPUTS: dict[str, Callable[[Tensor, int], Tensor]] = {
     "mean+max": lambda p, i: _slot(p, i, [0, 1]),
     "mean+first": lambda p, i: _slot(p, i, [0, 2]),
     "mean+max+first": lambda p, i: _slot(p, i, [0, 1, 2]),
-    "layers 1..i, concatenated": lambda p, i: _so_far(p, i).flatten(1),
-    "layers 1..i, averaged": lambda p, i: _so_far(p, i).mean(dim=1),
+    "means-so-far-concat": lambda p, i: _so_far(p, i).flatten(1),
+    "means-so-far-avg": lambda p, i: _so_far(p, i).mean(dim=1),
 }
 """Name -> (N x L x 3C pooled, exit layer i) -> N x F inputs of exit i's linear head."""
 

@@ -73,8 +73,8 @@ def test_refit_finds_the_label_only_where_the_input_holds_it() -> None:
     assert acc["mean"][0] == 100.0 and acc["mean"][1] < 65  # layer 2's mean has no label
     assert acc["mean+first"][0] == 100.0 and acc["mean+first"][1] < 65
     assert acc["mean+max"] == [100.0, 100.0] == acc["mean+max+first"]  # layer 2's max has it
-    assert acc["layers 1..i, concatenated"] == [100.0, 100.0]  # exit 2 reads layer 1's mean
-    assert acc["layers 1..i, averaged"][1] > 90
+    assert acc["means-so-far-concat"] == [100.0, 100.0]  # exit 2 reads layer 1's mean
+    assert acc["means-so-far-avg"][1] > 90
 
 
 def test_summary_of_a_perfect_first_exit() -> None:
