@@ -155,8 +155,8 @@ def summary(
     drops: Sequence[float],
 ) -> dict[str, float]:  # fmt: skip
     """Layer speed-ups on test: ``oracle``, ``fixed D`` (per-exit entropy, agreement, chosen on
-    dev at each D) and ``best 0.5`` / ``best 1`` (the fastest dev-chosen policy within that many
-    points of full depth on test; 1.0 when none is)."""
+    dev at each D; absent where dev cannot reach D) and ``best 0.5`` / ``best 1`` (the fastest
+    dev-chosen policy within that many points of full depth on test; 1.0 when none is)."""
     num_layers = test[-1][0]
     full = 100.0 * float(test[-1][1].argmax(-1).eq(test_targets).double().mean())
     layers, _ = oracle_exits(test)
@@ -182,7 +182,10 @@ def accuracies(exits: ExitLogits, targets: Tensor) -> list[float]:
 
 
 def _spread(values: Sequence[float]) -> str:
-    """``2.61x`` or, over several seeds, ``2.61x (2.55-2.66)``: mean (min-max)."""
+    """``2.61x`` or, over several seeds, ``2.61x (2.55-2.66)``: mean (min-max); ``-`` for
+    none (the fixed recipe not reachable on dev)."""
+    if not values:
+        return "-"
     if len(values) == 1:
         return f"{values[0]:.2f}x"
     return f"{statistics.mean(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
@@ -237,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         per_exit = " / ".join(
             f"{statistics.mean(a[e] for a in accs):.1f}" for e in range(len(accs[0]))
         )
-        cells = [_spread([s.get(k, 1.0) for s in sums]) for k in keys]
+        cells = [_spread([s[k] for s in sums if k in s]) for k in keys]
         print(f"| {name} | {per_exit} | " + " | ".join(cells) + " |")  # fmt: skip
     return 0
 
