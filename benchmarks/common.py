@@ -6,6 +6,7 @@ and the loop's goals. Needs ``transformers`` (the test extra)."""
 
 from __future__ import annotations
 
+import argparse
 import platform
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +44,17 @@ GOAL_FRACTION = {1: 0.9}
 GOAL_FRACTION_BATCHED = 0.95
 """... at the other batch sizes."""
 Batch = tuple[Tensor, Tensor]
+
+
+def checkpoint_parser(doc: str | None, dev: str, test: str) -> argparse.ArgumentParser:
+    """A benchmark's parser with its positional ``checkpoint`` and ``data`` and its ``--dev`` /
+    ``--test`` splits (``dev`` / ``test``: their help)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("checkpoint", help="multi-exit fairseq checkpoint")
+    p.add_argument("data", help="its binarized data folder")
+    p.add_argument("--dev", default="valid", help=dev)
+    p.add_argument("--test", default="test", help=test)
+    return p
 
 
 def machine_description(device: torch.device) -> str:

@@ -26,7 +26,6 @@ policies read on test: an optimistic reading)::
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import statistics
@@ -44,6 +43,7 @@ from acl_fairseq.early_exit.calibrate import evaluate
 from acl_fairseq.early_exit.thresholds import collect_exits, exit_accuracies, oracle_exits
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
+from benchmarks.common import checkpoint_parser
 from benchmarks.exit_policies_on_dev import policies_on_dev
 
 ExitLogits = list[tuple[int, Tensor]]
@@ -111,7 +111,8 @@ def fit_exit(
     torch.manual_seed(seed)
     head = torch.nn.Linear(x.size(1), final.size(1))
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=0.01)
-    steps, step = epochs * math.ceil(len(x) / 32), 0
+    steps = epochs * math.ceil(len(x) / 32)
+    decay = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
     for _ in range(epochs):
         for rows in torch.randperm(len(x)).split(32):
             logits = head(x[rows])
@@ -120,12 +121,10 @@ def fit_exit(
                 teacher = F.softmax(final[rows] / 2.0, dim=-1)
                 kl = F.kl_div(F.log_softmax(logits / 2.0, dim=-1), teacher, reduction="batchmean")
                 loss = loss + distill * 4.0 * kl
-            for group in optimizer.param_groups:
-                group["lr"] = lr * (1 - step / steps)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            step += 1
+            decay.step()
     return head.eval()
 
 
@@ -192,12 +191,8 @@ def _spread(values: Sequence[float]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("checkpoint", help="multi-exit fairseq checkpoint")
-    p.add_argument("data", help="its binarized data folder")
+    p = checkpoint_parser(__doc__, "split the policies are chosen on", "split they are reported on")
     p.add_argument("--train", default="train", help="split the heads are fitted on")
-    p.add_argument("--dev", default="valid", help="split the policies are chosen on")
-    p.add_argument("--test", default="test", help="split they are reported on")
     p.add_argument("--inputs", default=",".join(INPUTS), help="comma list of INPUTS names")
     p.add_argument("--seeds", default="1", help="comma list: one refit per seed")
     p.add_argument("--epochs", type=int, default=20)

@@ -34,7 +34,6 @@ drops exits that do not pay for their head, and ``cost`` adds C per head evaluat
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Sequence
@@ -61,6 +60,7 @@ from acl_fairseq.early_exit.thresholds import TargetError, collect_exits, oracle
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.precision import PRECISIONS
 from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
+from benchmarks.common import checkpoint_parser
 
 
 def policies_on_dev(
@@ -203,11 +203,7 @@ def table(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("checkpoint", help="multi-exit fairseq checkpoint")
-    p.add_argument("data", help="its binarized data folder")
-    p.add_argument("--dev", default="valid", help="split the policies are chosen on")
-    p.add_argument("--test", default="test", help="split they are reported on")
+    p = checkpoint_parser(__doc__, "split the policies are chosen on", "split they are reported on")
     p.add_argument("--drops", default="0.5,1", help="accuracy-drop targets in points, on dev")
     p.add_argument("--dtype", choices=PRECISIONS, default="fp32", help="inference precision")
     p.add_argument("--head-cost", type=float, default=0.0, help="an exit head's cost in layers")

@@ -75,6 +75,7 @@ from acl_fairseq.inference.onnx_runtime import (
 )
 from acl_fairseq.inference.precision import check_precision, prepare_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
+from benchmarks.common import checkpoint_parser
 
 HEAD = DEFAULT_HEAD
 Run = Callable[[Tensor], tuple[Tensor, Tensor]]  # tokens B x T -> (predictions B, layers B)
@@ -343,11 +344,9 @@ def head_costs(text: str) -> tuple[float, dict[str, float]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("checkpoint", help="multi-exit fairseq checkpoint")
-    p.add_argument("data", help="its binarized data folder")
-    p.add_argument("--dev", default="valid", help="split the deployable policies are chosen on")
-    p.add_argument("--test", default="test", help="split everything is measured on")
+    p = checkpoint_parser(
+        __doc__, "split the deployable policies are chosen on", "split everything is measured on"
+    )
     p.add_argument("--kinds", default="entropy,per_exit_entropy", help="policy kinds to deploy")
     p.add_argument("--max-accuracy-drop", type=float, default=1.0, help="their target (points)")
     p.add_argument("--constraint", choices=CONSTRAINTS, default=CONSTRAINTS[0])

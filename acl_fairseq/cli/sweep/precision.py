@@ -45,7 +45,6 @@ class Precision:
         self.policies: list = []
         self.exits: Any = None  # the first batch size's exit pass
         self.target: deploy.DeployTarget | None = None
-        self.head_cost = 0.0
         self.extra: dict[str, Any] = {}
 
 
@@ -78,7 +77,7 @@ def calibrate(
     out = Precision(dtype, backend)
     out.model, out.target = model, target
     label = dtype if len(args.backend) == 1 else f"{dtype} on {backend}"
-    out.head_cost = head_cost = args.head_cost.at(dtype, backend)  # NAME=COST: its own
+    head_cost = args.head_cost.at(dtype, backend)  # NAME=COST: its own
     if target is not None:
         out.target = dataclasses.replace(target, head_cost=head_cost)
     first = args.batch_sizes[0]
@@ -134,6 +133,7 @@ def finish(args: argparse.Namespace, out: Precision) -> None:
         out.choice = deploy.choose(args.policy, exit_logits, targets, target, part, args.split)
     if out.choice is None:
         return
+    assert target is not None  # a choice comes from a target
     extra = dict(out.extra)
     timed = next(r for r in part[1:] if r["threshold"] == out.choice.policy.value)
     if timed["early_ms"] is not None:
@@ -143,9 +143,9 @@ def finish(args: argparse.Namespace, out: Precision) -> None:
         )  # fmt: skip
         extra["ms_per_example"] = round(timed["early_ms"], 4)
         extra["full_ms_per_example"] = round(timed["full_ms"], 4)
-    out.entry = deploy.entry(out.choice, exit_logits, targets, out.head_cost, **extra)
+    out.entry = deploy.entry(out.choice, exit_logits, targets, target.head_cost, **extra)
     if args.head_cost.own:  # NAME=COST given: the cost this entry was chosen at
-        out.entry["head_cost"] = out.head_cost
+        out.entry["head_cost"] = target.head_cost
 
 
 def fastest(tried: list[Precision]) -> Precision:
