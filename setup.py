@@ -18,7 +18,7 @@ setup(
     install_requires=["torch>=2.5", "numpy>=2", "sentencepiece", "tokenizers"],
     extras_require={
         # onnxruntime, onnx, onnxscript: the ONNX Runtime backend's tests
-        # (acl_fairseq.inference.onnx_runtime; none of them pulls a torch)
+        # (acl_fairseq.runtime.onnx_runtime; none of them pulls a torch)
         "test": [
             "pytest",
             "pytest-xdist",

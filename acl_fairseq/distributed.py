@@ -1,7 +1,9 @@
 """Data-parallel training with fairseq's wrappers, and torch's DDP on CPU.
 
 ``--ddp-backend pytorch_ddp`` (fairseq's default, alias ``c10d``) wraps the model as
-``ModuleProxyWrapper(DistributedDataParallel(model))``. What the plugin adds for it:
+``ModuleProxyWrapper(DistributedDataParallel(model))``. What the plugin adds for it (the
+``install_*`` functions are entries of ``acl_fairseq.fairseq_patches``, installed at import;
+all but the checkpoint broadcast act on plugin runs only):
 
 * :func:`install_cpu_ddp`: fairseq 0.12 always builds torch's ``DistributedDataParallel``
   with ``device_ids=[device_id]`` (``fairseq/models/distributed_fairseq_model.py``), which
@@ -63,6 +65,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .errors import AclRuntimeError, AclValueError
+from .fairseq_patches import plugin_run
 
 __all__ = [
     "CpuDistributedDataParallel",
@@ -71,7 +74,6 @@ __all__ = [
     "check_static_graph",
     "check_unused_parameters",
     "find_ddp",
-    "install",
     "install_checkpoint_broadcast",
     "install_cpu_ddp",
     "install_teardown",
@@ -88,7 +90,7 @@ class CpuDistributedDataParallel(DistributedDataParallel):
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         devices = {p.device.type for p in module.parameters()}
-        if devices == {"cpu"}:
+        if devices == {"cpu"} and plugin_run():
             kwargs["device_ids"] = None
             kwargs["output_device"] = None
         super().__init__(module, *args, **kwargs)
@@ -174,10 +176,12 @@ def _distributed_main(i: int, main: Any, cfg: Any, kwargs: dict) -> None:
     try:
         fairseq_main(i, main, cfg, kwargs)
     except BaseException:  # a worker that stops on an error tears down too, then re-raises
-        with contextlib.suppress(Exception):
-            teardown()
+        if plugin_run():
+            with contextlib.suppress(Exception):
+                teardown()
         raise
-    teardown()
+    if plugin_run():  # a stock run ends as fairseq ends it
+        teardown()
 
 
 def install_teardown() -> None:
@@ -189,16 +193,14 @@ def install_teardown() -> None:
     if utils.distributed_main is not _distributed_main:
         _distributed_main.__wrapped__ = utils.distributed_main  # type: ignore[attr-defined]
         utils.distributed_main = _distributed_main
-    atexit.unregister(stop_data_threads)
-    atexit.register(stop_data_threads)
+    atexit.unregister(_stop_data_threads_at_exit)
+    atexit.register(_stop_data_threads_at_exit)
 
 
-def install() -> None:
-    """:func:`install_cpu_ddp`, :func:`install_checkpoint_broadcast` and
-    :func:`install_teardown` (at plugin import)."""
-    install_cpu_ddp()
-    install_checkpoint_broadcast()
-    install_teardown()
+def _stop_data_threads_at_exit() -> None:
+    """:func:`stop_data_threads` at exit, in plugin runs only."""
+    if plugin_run():
+        stop_data_threads()
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

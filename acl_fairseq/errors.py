@@ -93,7 +93,9 @@ def install_excepthook(prog: str | None = None) -> bool:
     def excepthook(
         kind: type[BaseException], value: BaseException, tb: TracebackType | None
     ) -> None:
-        message = None if traceback_wanted() else plugin_message(value)
+        from .fairseq_patches import setting
+
+        message = None if traceback_wanted() or setting() == "off" else plugin_message(value)
         if message is None:
             previous(kind, value, tb)
             return

@@ -11,7 +11,7 @@ every row staying to the last layer, so the ratio is the exits' cost (with the b
 own, which one row gives apart):
 
 * ``all exits``: every shallow exit evaluated (``entropy:1e-30``: nobody leaves), on the
-  batch-1 path (``models.early_exit_row``);
+  batch-1 path (``runtime.torch_row``);
 * ``all exits, general loop``: the same through the general batched loop
   (``run_early_exit(..., single_row=False)``): what batch 1 cost before the batch-1 path;
 * ``batch-1 loop, last exit only``: the batch-1 path with no shallow exit, so that ``all
@@ -22,7 +22,7 @@ own, which one row gives apart):
 * ``all exits, bf16 heads`` / ``int8 heads`` (fp32 encoder only): only the shallow heads'
   ``dense`` in low precision (``benchmarks.exit_heads``).
 
-``--dtypes ...,ort`` adds the ONNX Runtime backend's int8 segments (``inference.onnx_runtime``;
+``--dtypes ...,ort`` adds the ONNX Runtime backend's int8 segments (``runtime.onnx_runtime``;
 plain: its one full-depth session; an exit: the end of a segment and its head in the graph,
 then the decision).
 
@@ -57,13 +57,13 @@ from torch import Tensor
 import acl_fairseq  # noqa: F401  (registers the plugin)
 from acl_fairseq.early_exit.per_exit import PerExitEntropyPolicy
 from acl_fairseq.early_exit.policies import EntropyPolicy, ExitPolicy
-from acl_fairseq.inference.precision import (
+from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
+from acl_fairseq.runtime.precision import (
     check_precision,
     prepare_for_inference,
 )
-from acl_fairseq.models.early_exit_loop import run_early_exit
-from acl_fairseq.models.early_exit_row import run_single_row
-from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
+from acl_fairseq.runtime.torch_loop import run_early_exit
+from acl_fairseq.runtime.torch_row import run_single_row
 from benchmarks.common import (
     GOAL_OVERHEAD,
     build_fairseq_model,
@@ -112,7 +112,7 @@ def variants(model: Any, dtype: str, onnx_folder: Path) -> dict[str, tuple[Any, 
     """``{name: (model, policy or None for the plain forward)}`` at encoder ``dtype``; ``ort``:
     the ONNX Runtime backend's int8 segments (plain: one full-depth session)."""
     if dtype == ORT:
-        from acl_fairseq.inference.onnx_runtime import OrtEarlyExit
+        from acl_fairseq.runtime.onnx_runtime import OrtEarlyExit
 
         base = OrtEarlyExit(model, HEAD, onnx_folder, "int8", shared_pool=True)
     else:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from acl_fairseq.inference.precision import (
+from acl_fairseq.runtime.precision import (
     Float32Logits,
     _quantize,
     _select_engine,

@@ -58,8 +58,8 @@ from acl_fairseq.early_exit.risk_control import (
 )
 from acl_fairseq.early_exit.thresholds import TargetError, collect_exits, oracle_exits
 from acl_fairseq.inference.loader import load_for_inference
-from acl_fairseq.inference.precision import PRECISIONS
 from acl_fairseq.models.heads import DEFAULT_HEAD as HEAD
+from acl_fairseq.runtime.precision import PRECISIONS
 from benchmarks.common import checkpoint_parser
 
 

@@ -11,17 +11,17 @@ every system classifies the same ``--test`` sentences:
   against the fairseq model's before anything is timed. The speed-up column is relative to it.
 * **ORT int8**: that model exported with ``torch.onnx.export`` and quantized with ONNX
   Runtime's ``quantize_dynamic`` (int8 weights per channel), run by ``onnxruntime`` with the
-  same thread count (the helpers of ``acl_fairseq.inference.onnx_runtime``), as ONNX Runtime
+  same thread count (the helpers of ``acl_fairseq.runtime.onnx_runtime``), as ONNX Runtime
   runs it by default and, in a second row, without the fusions this project's int8 sessions
   leave out (``INT8_DISABLED``). Skipped, with the reason, when it is not installed
   (``pip install -e .[bench]``: onnxruntime, onnx, onnxscript; none of them pulls a torch).
-* **this project** at ``--dtypes fp32,bf16,int8`` (``acl_fairseq.inference.precision``), at
+* **this project** at ``--dtypes fp32,bf16,int8`` (``acl_fairseq.runtime.precision``), at
   full depth and with the deployable policies *chosen on* ``--dev`` at that precision
   (``acl_fairseq.inference.deploy.choose``: for each of ``--kinds``, the fastest policy
   within ``--max-accuracy-drop`` read per ``--constraint``, as ``acl-fairseq-sweep``
   deploys it), plus any ``--policies`` given as they are.
 * **this project on ORT int8**: the same early-exit loop on ONNX Runtime int8 segments of the
-  model (``acl_fairseq.inference.onnx_runtime``, its sessions on the process's thread pool as
+  model (``acl_fairseq.runtime.onnx_runtime``, its sessions on the process's thread pool as
   ``acl-fairseq-predict`` runs them), full depth and its own policies chosen on ``--dev`` the
   same way (from its own exits' logits); skipped with ORT int8. The segments are cached in
   ``--ort-cache`` (default: a temporary folder).
@@ -64,7 +64,8 @@ from acl_fairseq.early_exit.thresholds import TargetError, collect_exits
 from acl_fairseq.hf_bert.state import LAYER_MAP
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import load_for_inference
-from acl_fairseq.inference.onnx_runtime import (
+from acl_fairseq.models.heads import DEFAULT_HEAD
+from acl_fairseq.runtime.onnx_runtime import (
     INT8_DISABLED,
     OnnxRuntimeMissing,
     OrtEarlyExit,
@@ -73,8 +74,7 @@ from acl_fairseq.inference.onnx_runtime import (
     quantize_int8,
     require_onnxruntime,
 )
-from acl_fairseq.inference.precision import check_precision, prepare_for_inference
-from acl_fairseq.models.heads import DEFAULT_HEAD
+from acl_fairseq.runtime.precision import check_precision, prepare_for_inference
 from benchmarks.common import checkpoint_parser
 
 HEAD = DEFAULT_HEAD

@@ -1,4 +1,4 @@
-"""The early-exit loop (``acl_fairseq.models.early_exit_loop``) against the per-example and the
+"""The early-exit loop (``acl_fairseq.runtime.torch_loop``) against the per-example and the
 full-depth forwards of the same model: the same exits, predictions and logits.
 
 Models are tiny_built like fairseq-train builds them (``tiny_models``).

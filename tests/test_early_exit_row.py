@@ -1,4 +1,4 @@
-"""The batch-1 path (``acl_fairseq.models.early_exit_row``) against the general loop: the same
+"""The batch-1 path (``acl_fairseq.runtime.torch_row``) against the general loop: the same
 decisions at every policy kind (host rule or tensor rule, thresholds on a score included), and
 on tiny models at every precision the same exits, logits and predictions, bit for bit."""
 
@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from acl_fairseq.early_exit import row_decider
+from acl_fairseq.runtime import row_decider
 from acl_fairseq.early_exit.learned import FEATURES, LearnedPolicy, split_features
 from acl_fairseq.early_exit.per_exit import PerExitEntropyPolicy, PerExitMaxProbPolicy
 from acl_fairseq.early_exit.policies import (
@@ -22,10 +22,10 @@ from acl_fairseq.early_exit.policies import (
     PatiencePolicy,
     softmax_entropy,
 )
-from acl_fairseq.early_exit.row_decider import RowDecider
-from acl_fairseq.inference.precision import PRECISIONS, prepare_for_inference
-from acl_fairseq.models import early_exit_row
-from acl_fairseq.models.early_exit_loop import run_early_exit
+from acl_fairseq.runtime import torch_row as early_exit_row
+from acl_fairseq.runtime.precision import PRECISIONS, prepare_for_inference
+from acl_fairseq.runtime.row_decider import RowDecider
+from acl_fairseq.runtime.torch_loop import run_early_exit
 
 from tiny_models import HEAD, LENGTHS, build_tiny, tiny_batch
 
@@ -246,7 +246,7 @@ def test_batch_one_takes_the_single_row_path(tiny_built, monkeypatch):
     calls = []
     real = early_exit_row.run_single_row
     monkeypatch.setattr(
-        "acl_fairseq.models.early_exit_loop.run_single_row",
+        "acl_fairseq.runtime.torch_loop.run_single_row",
         lambda *a: calls.append(1) or real(*a),
     )
     model.early_exit(rows[0].unsqueeze(0), "entropy:0.3")

@@ -25,7 +25,8 @@ from acl_fairseq.early_exit.thresholds import (
 )
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.measure import sweep
-from acl_fairseq.models.types import EarlyExitResult, ExitOutput
+from acl_fairseq.models.types import ExitOutput
+from acl_fairseq.runtime.rows import EarlyExitResult
 
 from fairseq_helpers import BIN, TINY_MULTI_EXIT, fairseq_train, run, train_args
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from acl_fairseq.early_exit.policies import parse_policy
-from acl_fairseq.inference.precision import prepare_for_inference
+from acl_fairseq.runtime.precision import prepare_for_inference
 from benchmarks import inference_anchors as anchors
 
 from tiny_models import HEAD, build_with_task, random_batch, train_tiny, write_dicts

@@ -16,19 +16,19 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from acl_fairseq.checkpoint.fingerprint import model_fingerprint
 from acl_fairseq.cli.predict import cli as predict
 from acl_fairseq.early_exit.policies import EntropyPolicy, MaxProbPolicy
 from acl_fairseq.inference import loader
 from acl_fairseq.inference.loader import CheckpointError, load_for_inference, read_checkpoint
-from acl_fairseq.inference.precision import model_precision
 from acl_fairseq.inference.saved_policy import (
     FINGERPRINT,
     POLICY_FILE,
-    model_fingerprint,
     read_policy,
     write_policy,
 )
 from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+from acl_fairseq.runtime.precision import model_precision
 
 from fairseq_helpers import REPO
 from tiny_models import HEAD, LENGTHS, tiny_batch

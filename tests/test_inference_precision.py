@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from acl_fairseq.cpu_features import has_vnni
 from acl_fairseq.early_exit.policies import EntropyPolicy, PatiencePolicy, softmax_entropy
 from acl_fairseq.early_exit.thresholds import simulate_exits
-from acl_fairseq.inference.precision import (
+from acl_fairseq.runtime.precision import (
     PRECISIONS,
     Float32Logits,
     check_precision,

@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 from test_exit_calibration import random_exits
 
+from acl_fairseq.checkpoint.fingerprint import model_fingerprint
 from acl_fairseq.early_exit.calibrate import calibrate, evaluate
 from acl_fairseq.early_exit.learned import (
     FEATURES,
@@ -45,9 +46,9 @@ from acl_fairseq.early_exit.risk_control import (
 )
 from acl_fairseq.early_exit.thresholds import simulate_exits
 from acl_fairseq.inference.loader import CheckpointError, load_for_inference, read_checkpoint
+from acl_fairseq.inference.plan import Request
 from acl_fairseq.inference.saved_policy import (
     POLICY_FILE,
-    model_fingerprint,
     read_policy,
     write_policy,
 )
@@ -388,4 +389,4 @@ def test_model_and_hub_run_a_fitted_policy(tiny_built, tiny_checkpoint):
     with pytest.raises(
         CheckpointError, match=f"{file}: bad exit policy .*unknown feature 'maxprb'"
     ):
-        load_for_inference(tiny_checkpoint, tiny_checkpoint.parent, saved_policy=True)
+        load_for_inference(tiny_checkpoint, tiny_checkpoint.parent, request=Request())

@@ -1,4 +1,4 @@
-"""The ONNX Runtime backend (``acl_fairseq.inference.onnx_runtime``) against the fairseq model's
+"""The ONNX Runtime backend (``acl_fairseq.runtime.onnx_runtime``) against the fairseq model's
 own early-exit loop, the reference: at fp32 the same exits and predictions and the same logits
 (to float32's rounding) on padded batches of mixed lengths and on single rows, for every policy
 kind; int8 close to fp32; the exported segments cached; onnxruntime's absence named. The slow
@@ -22,9 +22,9 @@ from acl_fairseq.early_exit.policies import (
     softmax_entropy,
 )
 from acl_fairseq.errors import AclFairseqError
-from acl_fairseq.inference import onnx_runtime
-from acl_fairseq.inference.onnx_runtime import INSTALL, OnnxRuntimeMissing, OrtEarlyExit
-from acl_fairseq.inference.precision import prepare_for_inference
+from acl_fairseq.runtime import onnx_runtime
+from acl_fairseq.runtime.onnx_runtime import INSTALL, OnnxRuntimeMissing, OrtEarlyExit
+from acl_fairseq.runtime.precision import prepare_for_inference
 
 from tiny_models import HEAD, LENGTHS, build_tiny, tiny_batch
 
@@ -181,7 +181,7 @@ def test_a_single_unpadded_row_needs_no_row_bookkeeping(ort, monkeypatch):
 
 POOL_SCRIPT = """
 import sys
-from acl_fairseq.inference import onnx_runtime as O
+from acl_fairseq.runtime import onnx_runtime as O
 path = sys.argv[1]
 def own(session):
     return session.get_session_options().use_per_session_threads

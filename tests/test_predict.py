@@ -298,9 +298,9 @@ def test_sweep_dtypes_saves_a_policy_per_precision_that_predict_and_hub_use(
     """acl-fairseq-sweep --dtypes int8,fp32: both precisions' choices saved, int8 the default
     that predict (its --dtype) and the hub (from_pretrained's dtype) then run."""
     from acl_fairseq.cli import sweep
-    from acl_fairseq.inference.precision import model_precision, quantized_linears
     from acl_fairseq.inference.saved_policy import read_policy
     from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
+    from acl_fairseq.runtime.precision import model_precision, quantized_linears
 
     ckpt = tmp_path / "model" / trained["ckpt"].name
     ckpt.parent.mkdir()
@@ -363,14 +363,10 @@ def test_a_saved_policy_runs_only_on_the_weights_it_was_chosen_on(trained, tmp_p
     on: a copy of them runs it; checkpoint_last.pt next to it (other weights) runs full depth
     with the reason, refuses --policy saved, and so does the hub; an older file without the
     fingerprint is not used either."""
+    from acl_fairseq.checkpoint.fingerprint import model_fingerprint
     from acl_fairseq.cli import sweep
     from acl_fairseq.inference.loader import read_checkpoint
-    from acl_fairseq.inference.saved_policy import (
-        FINGERPRINT,
-        POLICY_FILE,
-        model_fingerprint,
-        read_policy,
-    )
+    from acl_fairseq.inference.saved_policy import FINGERPRINT, POLICY_FILE, read_policy
     from acl_fairseq.models.multi_exit_roberta import MultiExitRobertaModel
 
     folder = tmp_path / "run"
@@ -479,8 +475,8 @@ def test_onnxruntime_backend_equals_the_fairseq_backend(trained, tmp_path, monke
     import sys
 
     from acl_fairseq.early_exit.policies import parse_policy
-    from acl_fairseq.inference.onnx_runtime import INSTALL
     from acl_fairseq.inference.saved_policy import write_policy
+    from acl_fairseq.runtime.onnx_runtime import INSTALL
 
     text = "".join(f"{row[0]}\n" for row in trained["rows"])
     cache = tmp_path / "onnx"
@@ -539,7 +535,7 @@ def test_a_policy_swept_on_onnxruntime_runs_there_by_default(trained, tmp_path, 
     from acl_fairseq.early_exit.policies import parse_policy
     from acl_fairseq.early_exit.thresholds import collect_exits
     from acl_fairseq.inference import deploy
-    from acl_fairseq.inference.onnx_runtime import OrtEarlyExit
+    from acl_fairseq.runtime.onnx_runtime import OrtEarlyExit
 
     ckpt = tmp_path / "model" / trained["ckpt"].name
     ckpt.parent.mkdir()

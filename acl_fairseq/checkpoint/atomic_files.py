@@ -1,10 +1,11 @@
 """Checkpoint files that appear whole: fairseq's checkpoint writes and copies, made atomic.
 
 fairseq's ``torch.save`` and ``PathManager.copy`` write in place, so a kill mid-write leaves a
-truncated ``checkpoint_last.pt`` that cannot be resumed. :func:`install` routes local files
-through :func:`replace_atomically` (``NAME.tmp``, flushed, ``os.replace``); the next training
-removes a leftover ``NAME.tmp`` (:func:`remove_leftovers`). Remote paths and
-``--write-checkpoints-asynchronously`` keep fairseq's code.
+truncated ``checkpoint_last.pt`` that cannot be resumed. Where the guard rails act
+(``acl_fairseq.fairseq_patches``), :func:`install_persistent_save` and :func:`install_copy`
+route local files through :func:`replace_atomically` (``NAME.tmp``, flushed, ``os.replace``);
+the next training removes a leftover ``NAME.tmp`` (:func:`remove_leftovers`). Remote paths,
+``--write-checkpoints-asynchronously`` and stock runs keep fairseq's code.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-__all__ = ["TMP_SUFFIX", "install", "leftovers", "remove_leftovers", "replace_atomically"]
+from ..fairseq_patches import guard_rails
+
+__all__ = [
+    "TMP_SUFFIX",
+    "install_copy",
+    "install_persistent_save",
+    "leftovers",
+    "remove_leftovers",
+    "replace_atomically",
+]
 
 #: What a file being written is called until it is complete: ``NAME`` + this.
 TMP_SUFFIX = ".tmp"
@@ -73,7 +83,7 @@ def _is_local(path: str) -> bool:
 def _atomic_persistent_save(original: Callable) -> Callable:
     @functools.wraps(original)
     def torch_persistent_save(obj, filename, async_write: bool = False):
-        if async_write or not _is_local(filename):
+        if async_write or not _is_local(filename) or not guard_rails():
             return original(obj, filename, async_write)
         replace_atomically(str(filename), _torch_save_to(obj))
 
@@ -84,7 +94,7 @@ def _atomic_persistent_save(original: Callable) -> Callable:
 def _atomic_copy(original: Callable) -> Callable:
     @functools.wraps(original)
     def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
-        if not (_is_local(src_path) and _is_local(dst_path)):
+        if not (_is_local(src_path) and _is_local(dst_path)) or not guard_rails():
             return original(src_path, dst_path, overwrite)
         replace_atomically(str(dst_path), functools.partial(shutil.copyfile, str(src_path)))
         return True
@@ -93,13 +103,17 @@ def _atomic_copy(original: Callable) -> Callable:
     return copy
 
 
-def install() -> None:
+def install_persistent_save() -> None:
     """Idempotent: fairseq's ``checkpoint_utils.torch_persistent_save`` (every checkpoint the
-    trainer writes) and ``PathManager.copy`` (its copies to ``checkpoint_best.pt`` /
-    ``checkpoint_last.pt``) replace their file atomically."""
+    trainer writes) replaces its file atomically."""
     current = checkpoint_utils.torch_persistent_save
     if not getattr(current, "_acl_fairseq_atomic", False):
         checkpoint_utils.torch_persistent_save = _atomic_persistent_save(current)
+
+
+def install_copy() -> None:
+    """Idempotent: fairseq's ``PathManager.copy`` (the trainer's copies to
+    ``checkpoint_best.pt`` / ``checkpoint_last.pt``) replaces its file atomically."""
     current = PathManager.copy
     if not getattr(current, "_acl_fairseq_atomic", False):
         PathManager.copy = staticmethod(_atomic_copy(current))

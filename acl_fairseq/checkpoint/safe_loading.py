@@ -3,7 +3,8 @@
 torch >= 2.6 loads with ``weights_only=True``, which refuses the ``argparse.Namespace`` in
 fairseq checkpoints. :func:`install` wraps ``checkpoint_utils.load_checkpoint_to_cpu`` (every
 fairseq entry point's load) to allow-list, during that call only, the plain-data classes they
-hold; a file that is no fairseq checkpoint gets a message saying what to do.
+hold (in every run: ``acl_fairseq.fairseq_patches``); where the guard rails act, a file that is
+no fairseq checkpoint also gets a message saying what to do (elsewhere fairseq's error).
 :func:`check_restore_file`: a missing explicit ``--restore-file`` stops the run (fairseq would
 train from random weights).
 """
@@ -23,6 +24,7 @@ from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
 from ..errors import AclFileNotFoundError, AclIsADirectoryError, AclValueError
+from ..fairseq_patches import guard_rails
 
 __all__ = ["install", "SAFE_GLOBALS", "check_restore_file", "damaged", "named_as"]
 
@@ -144,13 +146,14 @@ def _damaged_message(path: str, what: str) -> str:
 def _check_loadable(load_fn):
     @functools.wraps(load_fn)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
-        if PathManager.isfile(path) and _is_safetensors(path):
+        named = guard_rails()  # else fairseq's own errors, unchanged
+        if named and PathManager.isfile(path) and _is_safetensors(path):
             raise AclValueError(diagnose(path))
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             try:
                 return load_fn(path, *args, **kwargs)
             except Exception as e:
-                if not PathManager.isfile(path):
+                if not named or not PathManager.isfile(path):
                     raise
                 what = damaged(path)
                 if what is not None:

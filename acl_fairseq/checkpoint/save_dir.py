@@ -6,6 +6,11 @@ folder's lock (not with ``--no-save``), the leftovers of an interrupted save rem
 damaged ``checkpoint_last.pt`` (the newest intact one named), another run's checkpoint, a
 finished run (exit 0, nothing rewritten), a newer checkpoint than the last (a warning). The
 outcome is broadcast, so every worker stops or goes on together. docs/usage.md, "Training".
+
+A guard rail (``acl_fairseq.fairseq_patches``): where the guard rails do not act (a stock run,
+``ACL_FAIRSEQ_GUARD_RAILS=off``) this is fairseq's own function. Where they act, a config that
+fairseq itself refuses (``--finetune-from-model`` with a ``--restore-file``) goes to fairseq
+first, for its own error, and the checks read every optional key with a default.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 from fairseq import checkpoint_utils
 
 from ..errors import AclValueError
+from ..fairseq_patches import guard_rails
 from .atomic_files import remove_leftovers
 from .fits import CheckpointMismatch
 from .resume import check_resume, finished, newest_of_run, read_saved
@@ -59,8 +65,10 @@ def check_save_dir(cfg: Any, run_cfg: Any, suffix: str | None = "") -> str | Non
     """Steps 1-7 of the module docstring for fairseq's checkpoint config ``cfg`` and the full
     config ``run_cfg`` (None: only steps 1-4); returns the line that says the run is finished,
     or None to train. Raises the plugin's error of the first step that stops the run."""
+    if getattr(cfg, "save_dir", None) is None:  # a caller's partial config: fairseq's own
+        return None
     check_restore_file(cfg, suffix)
-    if not cfg.no_save:
+    if not getattr(cfg, "no_save", False):
         acquire(cfg.save_dir)
         for path in remove_leftovers(cfg.save_dir):
             logger.warning(f"removed {path}: an incomplete file left by an interrupted save")
@@ -87,9 +95,9 @@ def check_save_dir(cfg: Any, run_cfg: Any, suffix: str | None = "") -> str | Non
         saved = read_saved(last)
     except Exception:  # unreadable here: fairseq's own loading reports it
         return None
-    if cfg.reset_optimizer:  # a new optimization from its weights
+    if getattr(cfg, "reset_optimizer", False):  # a new optimization from its weights
         return None
-    done = finished(saved, run_cfg, cfg.reset_dataloader)
+    done = finished(saved, run_cfg, getattr(cfg, "reset_dataloader", False))
     if done is not None:
         return (
             f"{last} is a finished run ({done}): nothing to train, nothing in --save-dir "
@@ -150,6 +158,8 @@ def _hydra_hint() -> str:
 def _checked_restore(load_fn: Callable) -> Callable:
     @functools.wraps(load_fn)
     def load_checkpoint(cfg, trainer, **kwargs):
+        if not guard_rails() or _refused_by_fairseq(cfg):
+            return load_fn(cfg, trainer, **kwargs)
         suffix = getattr(trainer, "checkpoint_suffix", "")
         run_cfg = getattr(trainer, "cfg", None)
         done = _on_rank0(trainer, lambda: check_save_dir(cfg, run_cfg, suffix))
@@ -169,6 +179,12 @@ def _checked_restore(load_fn: Callable) -> Callable:
 
     load_checkpoint._acl_fairseq_safe = True  # type: ignore[attr-defined]
     return load_checkpoint
+
+
+def _refused_by_fairseq(cfg: Any) -> bool:
+    """Whether fairseq's ``load_checkpoint`` refuses ``cfg`` itself (its own message)."""
+    restore = getattr(cfg, "restore_file", DEFAULT_RESTORE_FILE)
+    return restore != DEFAULT_RESTORE_FILE and bool(getattr(cfg, "finetune_from_model", None))
 
 
 def install() -> None:

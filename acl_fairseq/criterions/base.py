@@ -30,6 +30,7 @@ from ..acl_grad.config import AclGradConfig, AclGradSettings, add_acl_grad_switc
 from ..acl_grad.contract import AclGradTask, LossTerms
 from ..autocast import full_precision
 from ..errors import AclValueError
+from ..fairseq_patches import mark_in_use
 
 __all__ = [
     "ContrastiveConfig",
@@ -174,6 +175,7 @@ class LossTermsCriterion(SentencePredictionCriterion):
     name = "loss_terms"
 
     def __init__(self, cfg: SentencePredictionConfig, task):
+        mark_in_use(f"criterion {self.name}")  # the guard rails act on this run
         validate_criterion_config(cfg, self.name)
         super().__init__(cfg, task)
         self.acl_grad: AclGradSettings | None = (

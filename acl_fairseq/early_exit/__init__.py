@@ -4,7 +4,7 @@
 ``learned`` (the learned decision), registered here, ``thresholds`` (the curve from one pass
 over every exit), ``calibrate`` / ``calibration_search`` / ``learned_calibration`` /
 ``risk_control`` (policies fitted to a split for a target) and ``table`` (the sweep table's
-file). The loop that runs a policy is ``models.early_exit_loop`` (``inference.onnx_runtime`` on
+file). The loop that runs a policy is ``runtime.torch_loop`` (``runtime.onnx_runtime`` on
 ONNX Runtime); its row bookkeeping, shared by both, is ``running_rows``.
 """
 

@@ -33,7 +33,7 @@ from ..early_exit.calibrate import CONSTRAINTS, calibrate, evaluate
 from ..early_exit.policies import ExitPolicy, make_policy
 from ..early_exit.risk_control import risk_controlled_kind
 from ..early_exit.thresholds import ExitLogits, TargetError, choose_row
-from .onnx_runtime import BACKENDS
+from ..runtime.onnx_runtime import BACKENDS
 from .saved_policy import write_policy
 
 __all__ = [
@@ -69,7 +69,7 @@ def head_costs(text: str) -> HeadCosts:
     """``COST`` for every precision and backend, then ``NAME=COST`` for one: a precision
     (fp32, bf16, int8) or ``onnxruntime`` (``ort``), e.g. ``0.1,int8=0.2,onnxruntime=0.4``.
     Raises ``ValueError`` naming ``--head-cost``."""
-    from .precision import check_precision
+    from ..runtime.precision import check_precision
 
     default, own = 0.0, {}
     for item in (v.strip() for v in text.split(",")):

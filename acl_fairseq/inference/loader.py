@@ -22,14 +22,18 @@ from typing import Any, Literal
 
 import torch
 
+from ..checkpoint.fingerprint import model_fingerprint
 from ..checkpoint.training_data import DataMismatch, check_folder, describe_folder, recorded
 from ..data.prepared import META_FILE, read_meta
 from ..data.splits import raw_files
 from ..data.task_specs import DataError
 from ..data.text_encoder import ExampleEncoder, TextEncoder
 from ..errors import AclValueError
-from .precision import check_precision, prepare_for_inference
-from .saved_policy import SavedPolicy, model_fingerprint, read_policy
+from ..fairseq_patches import mark_in_use
+from ..runtime.onnx_runtime import require_onnxruntime
+from ..runtime.precision import check_precision, prepare_for_inference
+from .plan import ONNXRUNTIME, SAVED, Plan, PlanError, Request, decide
+from .saved_policy import SavedPolicy, read_policy
 
 __all__ = [
     "CheckpointError",
@@ -65,6 +69,22 @@ class Loaded:
     saved: SavedPolicy | None = None  # the saved policy, chosen on these weights
     saved_note: str = ""  # why early_exit_policy.json is not used ("" when it is or is absent)
     fingerprint: str | None = None  # ``model_fingerprint`` of the checkpoint
+    plan: Plan | None = None  # what runs (``request=...``): backend, precision, policy, why
+
+    def runner(self, head: str, onnx_cache: str | Path | None = None, shared_pool: bool = False):
+        """What runs the plan: the model itself (fairseq backend, or no plan), or its ONNX
+        Runtime segments (``OrtEarlyExit`` at the plan's precision, exported once into
+        ``onnx_cache``, default ``onnx_runtime/`` next to the checkpoint). Both offer
+        ``early_exit``, ``exit_outputs`` and ``runner(tokens)[0]``."""
+        if self.plan is None or not self.plan.onnxruntime:
+            return self.model
+        from ..runtime.onnx_runtime import ONNX_CACHE, OrtEarlyExit
+
+        cache = onnx_cache or Path(self.checkpoint).parent / ONNX_CACHE
+        return OrtEarlyExit(
+            self.model, head, cache, self.plan.dtype, None, self.fingerprint,
+            shared_pool=shared_pool,
+        )  # fmt: skip
 
     @property
     def regression(self) -> bool:
@@ -188,7 +208,7 @@ def load_for_inference(
     dtype: str | None = None,
     label_order: bool = True,
     *,
-    saved_policy: bool = False,
+    request: Request | None = None,
     text: Literal["required", "optional"] | None = None,
     fingerprint: bool = False,
     arg_overrides: dict[str, Any] | None = None,
@@ -202,26 +222,36 @@ def load_for_inference(
         multi_exit: refuse a model without shallow exits (not a multi-exit model, or a
             stage-1 one trained with ``--exit-layers none``).
         dtype: ``fp32``, ``bf16`` or ``int8``: the precision to run at
-            (``precision.prepare_for_inference``); None: the saved policy's with
-            ``saved_policy``, else as stored (unprepared, fp32).
+            (``precision.prepare_for_inference``); None: as stored (fp32). Not with
+            ``request``, which has its own.
         label_order: refuse a folder whose labels are the checkpoint's in another order (its
             binarized targets would not be the model's classes); ``False`` when only the
             names are used (``Loaded.labels`` is the checkpoint's order).
-        saved_policy: read ``early_exit_policy.json`` next to the checkpoint: ``Loaded.saved``
-            when it was chosen on these weights, else ``Loaded.saved_note`` says why not.
+        request: what the user asked to run (``plan.Request``): ``early_exit_policy.json``
+            next to the checkpoint is read once (``Loaded.saved`` when it was chosen on these
+            weights, else ``Loaded.saved_note`` says why not), ``plan.decide`` makes
+            ``Loaded.plan``, and the model is prepared for it (kept fp32 on the CPU for the
+            ONNX Runtime backend, which exports it).
         text: build the raw-text encoders from the folder's ``prepare_glue.json``
             (``"required"``: an error without one; ``"optional"``: None then).
-        fingerprint: compute ``Loaded.fingerprint`` (also computed for a saved policy).
+        fingerprint: compute ``Loaded.fingerprint`` (also computed for a saved policy and the
+            ONNX Runtime backend).
         arg_overrides: fairseq config overrides (``{"bpe": ...}``); ``data`` is set here.
         data_flag, dtype_flag: how the caller's user gave the folder and the precision.
     Raises:
         CheckpointError: a precision the device cannot run, no such file or folder, not a
             prepared folder, a folder the checkpoint was not trained on
             (``training_data.check_folder``), a file that is not a fairseq checkpoint, a bad
-            policy file, not a multi-exit model when one is needed.
+            policy file, not a multi-exit model when one is needed, a plan that cannot run.
     """
+    mark_in_use("inference loader")
     device = torch.device(device)
     bf16 = _flag(dtype_flag, "bf16")
+    if request is not None:
+        if dtype is not None:
+            raise TypeError("load_for_inference: give the precision in request, not dtype")
+        request = _checked(request)
+        dtype = request.dtype
     if dtype is not None:
         try:
             dtype = check_precision(dtype)
@@ -233,27 +263,24 @@ def load_for_inference(
     if data is not None:
         check_data_folder(data, data_flag)
     saved = None
-    if saved_policy:
+    if request is not None and request.reads_saved:
         try:
-            saved = read_policy(path)
+            saved = read_policy(path)  # the one read of the file
         except ValueError as e:
             raise CheckpointError(str(e)) from None
+        if saved is None and request.policy == SAVED:
+            _plan(request, None, "", None, None, path)  # no file: says so before loading
 
     overrides = dict(arg_overrides or {})
     if data is not None:
         overrides["data"] = str(data)
     state = read_checkpoint(path, overrides or None)
     weights = None
-    if fingerprint or saved is not None:
+    if fingerprint or saved is not None or (request is not None and request.backend == ONNXRUNTIME):
         weights = model_fingerprint(state["model"])
     saved_note = ""
     if saved is not None and (saved_note := saved.mismatch(weights, path)):
         saved = None
-    if dtype is None and saved_policy:
-        dtype = saved.dtype if saved is not None else "fp32"
-        if saved is not None:
-            what = f"{dtype_flag} (default: {dtype}, from {saved.path})"
-            check_device(dtype, device, what, f"add --cpu, or give {bf16}")
 
     cfg = state.get("cfg")
     if data is None:
@@ -279,6 +306,17 @@ def load_for_inference(
     model, cfg, task = _build(path, state, data, data_flag, record)
     if multi_exit:
         _check_multi_exit(model, path)
+    plan = None
+    if request is not None:
+        plan = _plan(request, saved, saved_note, model, task, path)
+        dtype = plan.dtype
+        if plan.onnxruntime:
+            require_onnxruntime()  # its error names the install command
+            device, dtype = torch.device("cpu"), None  # the fp32 model is exported
+            weights = weights or model_fingerprint(state["model"])
+        elif request.dtype is None and saved is not None:
+            what = f"{dtype_flag} (default: {plan.dtype}, from {saved.path})"
+            check_device(plan.dtype, device, what, f"add --cpu, or give {bf16}")
     model = model.to(device).eval()
     if dtype is not None:
         try:
@@ -287,12 +325,35 @@ def load_for_inference(
             raise CheckpointError(str(e)) from None
     loaded = Loaded(
         model=model, task=task, data=data, cfg=cfg, checkpoint=str(path), labels=found.labels,
-        notes=found.notes, num_inputs=folder["num_inputs"], meta=meta, dtype=dtype or "fp32",
-        text=text_encoder, saved=saved, saved_note=saved_note, fingerprint=weights,
+        notes=found.notes, num_inputs=folder["num_inputs"], meta=meta,
+        dtype=plan.dtype if plan is not None else dtype or "fp32", text=text_encoder,
+        saved=saved, saved_note=saved_note, fingerprint=weights, plan=plan,
     )  # fmt: skip
     if text_encoder is not None:
         loaded.examples = ExampleEncoder.from_task(task, data, loaded.max_positions, text_encoder)
     return loaded
+
+
+def _checked(request: Request) -> Request:
+    try:
+        return request.checked()
+    except PlanError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _plan(
+    request: Request, saved: Any, saved_note: str, model: Any, task: Any, path: str | Path
+) -> Plan:
+    """``plan.decide`` with what the built model can do; its errors as ``CheckpointError``."""
+    shallow = bool(getattr(model, "shallow_exit_layers", ())) and hasattr(model, "early_exit")
+    regression = bool(getattr(getattr(task, "cfg", None), "regression_target", False))
+    try:
+        return decide(
+            request, saved, saved_note, shallow_exits=shallow, regression=regression,
+            what=str(path),
+        )  # fmt: skip
+    except PlanError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _build(path: str | Path, state: dict, data: str, flag: str, record: dict | None):

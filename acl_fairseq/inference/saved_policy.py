@@ -32,23 +32,18 @@ No fairseq import: this is the one reader and writer of that file.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..early_exit.policies import ExitPolicy, parse_policy
-from .precision import check_precision
+from ..runtime.precision import check_precision
 
 __all__ = [
     "FINGERPRINT",
     "POLICY_FILE",
     "SavedPolicy",
-    "model_fingerprint",
     "policy_path",
     "read_policy",
     "write_policy",
@@ -57,23 +52,6 @@ __all__ = [
 POLICY_FILE = "early_exit_policy.json"
 FINGERPRINT = "model_sha256"
 SWEEP = "acl-fairseq-sweep CHECKPOINT DATA --max-accuracy-drop D"
-
-
-def model_fingerprint(state_dict: Mapping[str, Any]) -> str:
-    """sha256 of a checkpoint's model weights (its ``state["model"]`` as read): every entry's
-    name, dtype, shape and bytes, by name. The same for a copy of the file and for the
-    checkpoint saved without its optimizer state; another for any other weights."""
-    digest = hashlib.sha256()
-    for name in sorted(state_dict):
-        value = state_dict[name]
-        digest.update(name.encode("utf-8") + b"\0")
-        if not torch.is_tensor(value):
-            digest.update(repr(value).encode("utf-8") + b"\0")
-            continue
-        tensor = value.detach().cpu().contiguous().reshape(-1)
-        digest.update(f"{tensor.dtype}{tuple(value.shape)}".encode() + b"\0")
-        digest.update(tensor.view(torch.uint8).numpy().data)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

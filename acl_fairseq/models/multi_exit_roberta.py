@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,10 +33,8 @@ from fairseq.models.roberta.model import (
 from fairseq.utils import safe_getattr
 from torch import Tensor
 
-from ..early_exit.policies import ExitPolicy, as_policy
 from ..errors import AclValueError
-from ..inference.loader import CheckpointError, load_for_inference
-from .early_exit_loop import run_early_exit
+from ..fairseq_patches import mark_in_use
 from .heads import (
     DEFAULT_HEAD,
     EXIT_HEAD_CHOICES,
@@ -46,18 +43,12 @@ from .heads import (
     exit_head_name,
     head_kind_of,
 )
-from .hub_interface import (
-    MultiExitRobertaHubInterface,
-    hub_data_folder,
-    model_folder_bpe_files,
-)
-from .types import EarlyExitResult, ExitOutput
+from .types import ExitOutput
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_HEAD",
-    "EarlyExitResult",
     "ExitOutput",
     "MultiExitClassificationHead",
     "MultiExitRobertaModel",
@@ -112,6 +103,7 @@ class MultiExitRobertaModel(RobertaModel):
     """RoBERTa with a classification exit after selected layers (see module docstring)."""
 
     def __init__(self, args: Any, encoder: Any) -> None:
+        mark_in_use("model multi_exit_roberta")  # the guard rails act on this run
         super().__init__(args, encoder)
         if safe_getattr(args, "encoder_layerdrop", 0.0) > 0:
             raise AclValueError(
@@ -177,75 +169,16 @@ class MultiExitRobertaModel(RobertaModel):
         bpe: str | None = "recorded",
         dtype: str | None = None,
         **kwargs: Any,
-    ) -> MultiExitRobertaHubInterface:
-        """Load a multi-exit checkpoint (trained with a ``multi_exit_roberta*`` arch).
+    ):
+        """A ``MultiExitRobertaHubInterface`` of the checkpoint ``model_name_or_path/
+        checkpoint_file``: a thin delegate, as fairseq's own ``from_pretrained`` delegates to
+        ``hub_utils``; the loading, the plan of what runs and the hub live in
+        ``acl_fairseq.inference.hub`` (``from_pretrained`` there says every argument)."""
+        from ..inference.hub import from_pretrained
 
-        ``data_name_or_path``: the prepared data folder; a relative path is taken from the
-        current directory, else from ``model_name_or_path`` (fairseq's convention); the
-        default ``"."`` without a prepared folder there is the folder the checkpoint was
-        trained on. ``bpe="recorded"`` (the default): a data folder written by
-        ``acl-fairseq-prepare`` (``prepare_glue.json``) gives its tokenizer, so
-        ``hub.encode(text)`` (``text_a, text_b`` for pairs) encodes as the training data
-        (``acl_fairseq.data.text_encoder``); other folders get fairseq's ``gpt2``. Any other
-        value goes to fairseq, as do ``kwargs`` (config overrides). The folder is checked
-        against the data the checkpoint recorded at training (labels, pairs, text encoding:
-        ``acl_fairseq.checkpoint.training_data``, a ``ValueError`` naming both);
-        ``hub.label_names`` names the classes. An ``early_exit_policy.json`` next to the
-        checkpoint (``acl-fairseq-sweep --max-accuracy-drop D``) becomes the hub's
-        ``default_policy`` when it was chosen on this checkpoint's weights (else full depth,
-        with a warning saying why). ``dtype`` (``fp32``, ``bf16``, ``int8``; default: that
-        file's, else fp32) is the precision the model runs at (``inference.precision``;
-        ``hub.dtype``, read-only), and the saved policy is the one chosen at it. Loading goes
-        through ``acl_fairseq.inference.loader.load_for_inference``, as the commands do.
-        """
-        folder = Path(model_name_or_path)
-        if not folder.is_dir():
-            raise CheckpointError(
-                f"model_name_or_path {model_name_or_path}: no such folder (the folder that "
-                f"holds {checkpoint_file})"
-            )
-        overrides = {"load_checkpoint_heads": True, **model_folder_bpe_files(folder), **kwargs}
-        loaded = load_for_inference(
-            folder / checkpoint_file,
-            hub_data_folder(data_name_or_path, folder),
-            "cpu",
-            dtype=dtype,
-            label_order=False,
-            saved_policy=True,
-            text="optional" if bpe == "recorded" else None,
-            arg_overrides=overrides,
-            data_flag="data_name_or_path",
-            dtype_flag="dtype",
+        return from_pretrained(
+            model_name_or_path, checkpoint_file, data_name_or_path, bpe, dtype, **kwargs
         )
-        model = loaded.model
-        if not isinstance(model, MultiExitRobertaModel):
-            raise TypeError(
-                f"{loaded.checkpoint} holds a {type(model).__name__}, not a multi_exit_roberta "
-                "model"
-            )
-        if bpe == "recorded":
-            bpe = None if loaded.text is not None else "gpt2"
-        from fairseq.dataclass.utils import overwrite_args_by_name
-
-        overwrite_args_by_name(loaded.cfg, {**overrides, "bpe": bpe})
-        hub = MultiExitRobertaHubInterface(loaded.cfg, loaded.task, model)
-        for note in loaded.notes:
-            logger.warning(note)
-        hub.label_names = loaded.labels
-        hub.num_inputs = loaded.num_inputs
-        if loaded.text is not None:
-            hub.bpe = loaded.text
-            hub.example_encoder = loaded.examples
-        if loaded.saved is not None:  # chosen by acl-fairseq-sweep on these weights
-            hub.default_policy, note = loaded.saved.policy_at(loaded.dtype)
-            logger.info(
-                f"early exit: default policy {hub.default_policy.spec} at {loaded.dtype} (from "
-                f"{loaded.saved.path}{note and ': ' + note})"
-            )
-        elif loaded.saved_note:
-            logger.warning(f"early exit: full depth by default, not the saved policy: "
-                           f"{loaded.saved_note}")  # fmt: skip
-        return hub
 
     # ------------------------------------------------------------------ heads
 
@@ -383,26 +316,19 @@ class MultiExitRobertaModel(RobertaModel):
     def early_exit(
         self,
         src_tokens: Tensor,
-        policy: ExitPolicy | str,
+        policy: Any,
         classification_head_name: str = DEFAULT_HEAD,
         **unused: Any,
-    ) -> EarlyExitResult:
-        """Batched early-exit inference (eval mode, no gradients).
-
-        Mirrors ``TransformerEncoder.forward`` layer by layer. At each shallow exit the
-        running rows' logits go to ``policy``; rows that exit are recorded and removed from
-        the hidden states (T x B x C), the padding mask (B x T) and the policy state, and
-        trailing columns that became all-pad are trimmed. Rows still running at the last
-        layer exit there. The loop lives in ``acl_fairseq.models.early_exit_loop``.
-
-        Args:
-            src_tokens: B x T token ids (``src_lengths`` etc. are ignored).
-            policy: an ``ExitPolicy`` or a ``parse_policy`` string.
-        Returns:
-            ``EarlyExitResult(predictions B, exit_layers B, logits B x K)``.
-        """
+    ):
+        """Batched early-exit inference (eval mode, no gradients): ``src_tokens`` B x T and
+        an ``ExitPolicy`` (or a ``parse_policy`` string) -> ``EarlyExitResult(predictions B,
+        exit_layers B, logits B x K)``. A thin delegate: the loop is the early-exit runtime's
+        (``acl_fairseq.runtime.torch_loop``), which the plugin does not load for training."""
         if self.training:
             raise RuntimeError("early_exit is for inference: call model.eval() first")
+        from ..early_exit.policies import as_policy
+        from ..runtime.torch_loop import run_early_exit
+
         return run_early_exit(self, src_tokens, as_policy(policy), classification_head_name)
 
     # ------------------------------------------------------- checkpoint upgrade

@@ -1,8 +1,7 @@
-"""What the multi-exit model returns: one exit's output, and an early-exit prediction.
+"""What the multi-exit model returns in training: one exit's output.
 
-Their own module, so the model and its hub interface both import them without importing
-each other. ``EarlyExitResult`` is defined with the loop's row bookkeeping
-(``early_exit.running_rows``), which the ONNX Runtime backend shares.
+Its own module, so the model and the criterions import it without importing each other. The
+early-exit result is the runtime's (``acl_fairseq.runtime.rows.EarlyExitResult``).
 """
 
 from __future__ import annotations
@@ -11,9 +10,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
-from ..early_exit.running_rows import EarlyExitResult
-
-__all__ = ["EarlyExitResult", "ExitOutput"]
+__all__ = ["ExitOutput"]
 
 
 class ExitOutput(NamedTuple):

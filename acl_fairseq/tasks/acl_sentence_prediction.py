@@ -25,6 +25,7 @@ from ..checkpoint.fits import load_state_dict_checked
 from ..checkpoint.training_data import record_training_data
 from ..distributed import DataParallelConfig, check_unused_parameters
 from ..errors import AclValueError
+from ..fairseq_patches import mark_in_use
 from .input_checks import check_dictionaries, check_lengths, check_num_classes, check_split_files
 
 
@@ -90,6 +91,7 @@ class AclSentencePredictionTask(SentencePredictionTask):
     # ------------------------------------------------------------------ set-up checks
     @classmethod
     def setup_task(cls, cfg, **kwargs: Any):
+        mark_in_use("task acl_sentence_prediction")  # the guard rails act on this run
         check_autocast(cfg)
         check_dictionaries(cfg)
         task = super().setup_task(cfg, **kwargs)

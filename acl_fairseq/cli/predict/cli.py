@@ -16,7 +16,7 @@ The text is encoded exactly as the training data: the tokenizer recorded by
 ``DATA`` is the checkpoint's own data folder unless ``--data`` is given.
 
 ``--backend onnxruntime`` runs the same early-exit loop on ONNX Runtime sessions of the model's
-segments (``acl_fairseq.inference.onnx_runtime``; ``--dtype fp32`` or ``int8``, CPU), exported
+segments (``acl_fairseq.runtime.onnx_runtime``; ``--dtype fp32`` or ``int8``, CPU), exported
 once into ``--onnx-cache`` (default: ``onnx_runtime/`` next to the checkpoint).
 """
 
@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -43,18 +41,16 @@ from acl_fairseq.cli.predict.inputs import (
     read_rows,
 )
 from acl_fairseq.console.run_tool import run_tool
-from acl_fairseq.early_exit.policies import ExitPolicy, parse_policy
-from acl_fairseq.inference.loader import Loaded, load_for_inference
-from acl_fairseq.inference.onnx_runtime import (
+from acl_fairseq.early_exit.policies import ExitPolicy
+from acl_fairseq.inference.loader import load_for_inference
+from acl_fairseq.inference.plan import ONNXRUNTIME, Request
+from acl_fairseq.models.heads import DEFAULT_HEAD
+from acl_fairseq.runtime.onnx_runtime import (
     BACKENDS,
     ONNX_CACHE,
-    ORT_DTYPES,
-    OrtEarlyExit,
     require_onnxruntime,
 )
-from acl_fairseq.inference.precision import PRECISIONS
-from acl_fairseq.inference.saved_policy import POLICY_FILE, policy_path, read_policy
-from acl_fairseq.models.heads import DEFAULT_HEAD
+from acl_fairseq.runtime.precision import PRECISIONS
 
 PROG = "acl-fairseq-predict"
 
@@ -151,149 +147,34 @@ def run_batches(
     return results
 
 
-FULL_DEPTH = "full depth"
-
-
-@dataclass(frozen=True)
-class PolicyChoice:
-    """The policy predict runs (None: full depth, the plain forward), its name in the summary
-    (``label``) and the line that says why (``detail``)."""
-
-    policy: ExitPolicy | None
-    label: str
-    detail: str
-
-
-def requested_policy(spec: str | None, checkpoint: str) -> ExitPolicy | str | None:
-    """``--policy`` checked before loading: a parsed policy, ``"none"``, ``"saved"`` (its file
-    must exist) or None (the default)."""
-    name = (spec or "").strip().lower()
-    if spec is None or name == "none":
-        return None if spec is None else "none"
-    if name == "saved":
-        if not policy_path(checkpoint).is_file():
-            raise PredictError(
-                f"--policy saved: no {policy_path(checkpoint)}; write one with "
-                "acl-fairseq-sweep CHECKPOINT DATA --max-accuracy-drop D (or "
-                "--target-speedup S), or give a policy such as entropy:0.3"
-            )
-        return "saved"
-    try:
-        return parse_policy(spec)
-    except ValueError as e:
-        raise PredictError(f"--policy: {e}") from None
-
-
-def backend_of(
-    asked: str | None,
-    requested: ExitPolicy | str | None,
-    checkpoint: str,
-    dtype: str | None = None,
-) -> str:
-    """``--backend``, else the one the saved policy of ``dtype`` (``--dtype``; default: the
-    file's default precision) was chosen on (``acl-fairseq-sweep --backend``) when that policy
-    is the one asked for (``--policy saved`` or none), else fairseq."""
-    if asked is not None:
-        return asked
-    if requested not in (None, "saved"):
-        return BACKENDS[0]
-    try:
-        saved = read_policy(checkpoint)
-        backend = saved.backend_at(dtype) if saved is not None else None
-    except ValueError:  # the loader names the bad file (or --dtype)
-        return BACKENDS[0]
-    return backend if backend in BACKENDS else BACKENDS[0]
-
-
-def choose_policy(requested: ExitPolicy | str | None, loaded: Loaded) -> PolicyChoice:
-    """What runs, from ``requested_policy`` and the loaded checkpoint: the saved policy only
-    when it was chosen on these weights (else ``--policy saved`` is refused, and the default
-    is full depth, with the reason)."""
-    if isinstance(requested, ExitPolicy):
-        return PolicyChoice(requested, requested.spec, requested.spec)
-    if requested == "none":
-        return PolicyChoice(None, FULL_DEPTH, "full depth (--policy none)")
-    saved = loaded.saved
-    if saved is None and requested == "saved":
-        raise PredictError(f"--policy saved: {loaded.saved_note}")
-    if saved is None and loaded.saved_note:
-        return PolicyChoice(None, FULL_DEPTH, f"full depth, not the saved policy: "
-                            f"{loaded.saved_note}")  # fmt: skip
-    if saved is None:
-        return PolicyChoice(None, FULL_DEPTH, f"full depth (no {POLICY_FILE} next to the "
-                            "checkpoint)")  # fmt: skip
-    policy, note = saved.policy_at(loaded.dtype)
-    detail = (
-        f"{policy.spec} (saved in {saved.path}: {saved.describe()}{note and '; ' + note}; "
-        "--policy none for full depth)"
-    )
-    return PolicyChoice(policy, policy.spec, detail)
-
-
-def ort_dtype(asked: str | None, loaded: Loaded) -> str:
-    """The ONNX Runtime backend's precision: ``--dtype``, else the saved policy's when it is
-    one the backend runs, else fp32."""
-    if asked is not None:
-        return asked
-    saved = loaded.saved.dtype if loaded.saved is not None else "fp32"
-    return saved if saved in ORT_DTYPES else "fp32"
-
-
 def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     columns = parse_columns(args.text_columns)
     if args.batch_size < 1:
         raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
-    requested = requested_policy(args.policy, args.checkpoint)
+    request = Request(args.backend, args.dtype, args.policy).checked()  # before loading
     if not Path(args.checkpoint).is_file():
         raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
-    ort = backend_of(args.backend, requested, args.checkpoint, args.dtype) == "onnxruntime"
-    if ort:
+    if request.backend == ONNXRUNTIME:
         require_onnxruntime()  # its error names the install command
-        if args.dtype not in (None, *ORT_DTYPES):
-            raise PredictError(f"--backend onnxruntime runs fp32 or int8, not --dtype {args.dtype}")
     source = "stdin" if args.input == "-" else args.input
     rows = read_rows(read_input(args.input, stdin), source, columns, args.header)  # early
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     loaded = load_for_inference(  # a CheckpointError is printed as this tool's error
-        args.checkpoint, args.data, "cpu" if ort else device,
-        dtype="fp32" if ort else args.dtype, label_order=False,
-        saved_policy=requested in (None, "saved") or args.dtype is None, text="required",
-        fingerprint=ort,
+        args.checkpoint, args.data, device, label_order=False, request=request,
+        text="required",
     )  # fmt: skip
-    if ort:  # the fp32 model is exported; the policy is the one chosen at the runtime's dtype
-        device = torch.device("cpu")
-        loaded = dataclasses.replace(loaded, dtype=ort_dtype(args.dtype, loaded))
-    model = loaded.model
+    plan, model = loaded.plan, loaded.model
     for note in loaded.notes:
         stderr.write(f"{PROG}: note: {note}\n")
     if args.head not in model.classification_heads:
         heads = ", ".join(sorted(model.classification_heads)) or "none"
         raise PredictError(f"--head {args.head}: not in {args.checkpoint} (heads: {heads})")
-    choice = choose_policy(requested, loaded)
-    one_exit = not shallow_exits(model)
-    if requested is None and choice.policy is not None and (loaded.regression or one_exit):
-        choice = PolicyChoice(None, FULL_DEPTH, "full depth (the saved policy needs a "
-                              "multi-exit classifier)")  # fmt: skip
-    if choice.policy is not None and one_exit:
-        what = (
-            f"a {type(model).__name__} with one exit"
-            if not hasattr(model, "early_exit")
-            else "a multi-exit model without shallow exits (trained with --exit-layers none, "
-            "as stage 1 is)"
-        )
-        raise PredictError(
-            f"--policy {args.policy}: {args.checkpoint} holds {what}, so only full depth is "
-            "possible: drop --policy, or use a stage-2 checkpoint (a multi-exit criterion, "
-            "--arch multi_exit_roberta*, whose exits were trained)"
-        )
-    stderr.write(f"{PROG}: policy: {choice.detail}\n{PROG}: dtype: {loaded.dtype}\n")
-    if choice.policy is not None:
+    stderr.write(f"{PROG}: policy: {plan.why}\n{PROG}: dtype: {plan.dtype}\n")
+    if plan.policy is not None:
         try:
-            choice.policy.exits(model.shallow_exit_layers)
+            plan.policy.exits(model.shallow_exit_layers)
         except ValueError as e:
             raise PredictError(f"--policy: {e}") from None
-    if loaded.regression and choice.policy is not None:
-        raise PredictError("--policy: early exit needs a classification (not regression) model")
     encoder = loaded.examples
     if columns is None and encoder.num_inputs == 2:
         raise PredictError(
@@ -301,21 +182,20 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
         )
     examples = encode_rows(encoder, rows, source)
 
-    policy, pad = choice.policy, encoder.dictionary.pad()
-    if ort:
-        cache = args.onnx_cache or Path(args.checkpoint).parent / ONNX_CACHE
-        model = OrtEarlyExit(  # this command's process: the sessions share one thread pool
-            model, args.head, cache, loaded.dtype, None, loaded.fingerprint, shared_pool=True
-        )
+    policy, pad = plan.policy, encoder.dictionary.pad()
+    # this command's process: ONNX Runtime's sessions share one thread pool
+    runner = loaded.runner(args.head, args.onnx_cache, shared_pool=True)
+    if plan.onnxruntime:
+        device = torch.device("cpu")
         if policy is not None:
-            model.prepare(policy)  # exported once, untimed
-        stderr.write(f"{PROG}: backend: onnxruntime, segments in {model.folder}\n")
+            runner.prepare(policy)  # exported once, untimed
+        stderr.write(f"{PROG}: backend: onnxruntime, segments in {runner.folder}\n")
     if examples:  # the first forwards pay one-time costs (threads, the padded path): untimed
         by_length = sorted(examples, key=len)
         warm_up = [by_length[0], by_length[-1]][: min(2, args.batch_size, len(examples))]
-        run_batches(model, warm_up, policy, args.head, args.batch_size, pad, device)
+        run_batches(runner, warm_up, policy, args.head, args.batch_size, pad, device)
     start = time.perf_counter()
-    results = run_batches(model, examples, policy, args.head, args.batch_size, pad, device)
+    results = run_batches(runner, examples, policy, args.head, args.batch_size, pad, device)
     seconds = time.perf_counter() - start
     divisor = float((loaded.meta or {}).get("label_divisor") or 1.0)
     for index, prob, layer, value in results:
@@ -328,7 +208,7 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     rate = len(results) / seconds if seconds > 0 else float("inf")
     stderr.write(
         f"{PROG}: {len(results)} sentences, {rate:.1f} sentences/s (timed after one warm-up "
-        f"forward), mean exit layer {mean_layer:.2f} of {num_layers(model)} ({choice.label})\n"
+        f"forward), mean exit layer {mean_layer:.2f} of {num_layers(model)} ({plan.label})\n"
     )
     return 0
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from acl_fairseq.early_exit.policies import make_policy, policy_kind
 from acl_fairseq.early_exit.thresholds import Quantiles
 from acl_fairseq.inference.deploy import DeployTarget, HeadCosts, head_costs
-from acl_fairseq.inference.onnx_runtime import BACKENDS
-from acl_fairseq.inference.precision import check_precision
+from acl_fairseq.runtime.onnx_runtime import BACKENDS
+from acl_fairseq.runtime.precision import check_precision
 
 DEFAULT_QUANTILES = 10
 DEFAULT_DROPS = (0.0, 0.5, 1.0, 2.0, 5.0)

@@ -49,7 +49,7 @@ retrained after the sweep, a copied one) runs at full depth instead, saying why:
     acl-fairseq-predict CKPT --input sentences.txt   # int8 + the policy chosen for int8
 
 ``--backend onnxruntime`` measures and chooses on the ONNX Runtime backend's segments
-(``acl_fairseq.inference.onnx_runtime``; fp32 / int8, CPU) from their own exits' logits, and
+(``acl_fairseq.runtime.onnx_runtime``; fp32 / int8, CPU) from their own exits' logits, and
 records the backend in the file, so that ``acl-fairseq-predict`` runs the policy there by
 default; give ``--head-cost`` the segments' cost (``benchmarks/exit_cost_batch1.py --dtypes
 int8,ort``), so that the per-exit kinds leave out the exits that do not pay::
@@ -97,16 +97,16 @@ from acl_fairseq.early_exit.table import format_markdown, write_table
 from acl_fairseq.early_exit.thresholds import TargetError
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import load_for_inference
-from acl_fairseq.inference.onnx_runtime import (
+from acl_fairseq.inference.saved_policy import FINGERPRINT, read_policy
+from acl_fairseq.models.heads import DEFAULT_HEAD
+from acl_fairseq.runtime.onnx_runtime import (
     BACKENDS,
     ONNX_CACHE,
     ORT_DTYPES,
     OrtEarlyExit,
     require_onnxruntime,
 )
-from acl_fairseq.inference.precision import prepare_for_inference
-from acl_fairseq.inference.saved_policy import FINGERPRINT, read_policy
-from acl_fairseq.models.heads import DEFAULT_HEAD
+from acl_fairseq.runtime.precision import prepare_for_inference
 
 PROG = "acl-fairseq-sweep"
 

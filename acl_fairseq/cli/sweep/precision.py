@@ -25,7 +25,7 @@ from acl_fairseq.early_exit.thresholds import (
 )
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.measure import policy_rows, time_together
-from acl_fairseq.inference.onnx_runtime import BACKENDS
+from acl_fairseq.runtime.onnx_runtime import BACKENDS
 
 __all__ = ["Precision", "calibrate", "fastest", "finish", "time_all"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,20 @@ from torch import Tensor
 
 from ..data.text_encoder import ExampleEncoder
 from ..early_exit.policies import EntropyPolicy, ExitPolicy, as_policy
-from ..inference.loader import CheckpointError, check_device
-from ..inference.precision import model_precision
-from .types import EarlyExitResult
+from ..models.multi_exit_roberta import MultiExitRobertaModel
+from ..runtime.precision import model_precision
+from ..runtime.rows import EarlyExitResult
+from .loader import CheckpointError, Loaded, check_device, load_for_inference
+from .plan import Plan, Request
 
-__all__ = ["MultiExitRobertaHubInterface", "hub_data_folder", "model_folder_bpe_files"]
+__all__ = [
+    "MultiExitRobertaHubInterface",
+    "from_pretrained",
+    "hub_data_folder",
+    "model_folder_bpe_files",
+]
+
+logger = logging.getLogger(__name__)
 
 FULL_DEPTH = "none"  # the policy name of full depth, as acl-fairseq-predict --policy none
 
@@ -41,11 +51,28 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
     example_encoder: ExampleEncoder | None = None
     label_names: list[str] | None = None
     num_inputs: int | None = None
+    plan: Plan | None = None  # what runs, decided by the loader (``from_pretrained``)
+    loaded: Loaded | None = None
 
     @property
     def dtype(self) -> str:
         """The precision the model runs at (``from_pretrained(..., dtype=...)``); read-only."""
-        return model_precision(self.model)
+        return self.plan.dtype if self.plan is not None else model_precision(self.model)
+
+    @property
+    def backend(self) -> str:
+        """What runs the model: ``fairseq`` (torch) or ``onnxruntime``; read-only."""
+        return self.plan.backend if self.plan is not None else "fairseq"
+
+    def runner(self, head: str) -> Any:
+        """What runs head group ``head`` under the plan: the model, or its ONNX Runtime
+        segments (made once per head, as ``acl-fairseq-predict`` makes them)."""
+        if self.plan is None or not self.plan.onnxruntime or self.loaded is None:
+            return self.model
+        runners = self.__dict__.setdefault("_runners", {})
+        if head not in runners:
+            runners[head] = self.loaded.runner(head)
+        return runners[head]
 
     @dtype.setter
     def dtype(self, value: str) -> None:
@@ -66,6 +93,11 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
 
     def _check_device(self, device: torch.device) -> None:
         """An int8 hub stays on the CPU (``CheckpointError``, a ``ValueError``)."""
+        if self.backend == "onnxruntime" and torch.device(device).type != "cpu":
+            raise CheckpointError(
+                "hub.backend onnxruntime runs on the CPU: keep it there, or load it with "
+                "from_pretrained(..., backend='fairseq')"
+            )
         fix = "keep it on the CPU, or load it with from_pretrained(..., dtype='bf16')"
         check_device(self.dtype, device, f"hub.dtype {self.dtype}", fix)
 
@@ -99,7 +131,7 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
     def predict(self, head: str, tokens: Tensor, return_logits: bool = False) -> Tensor:
         """As ``RobertaHubInterface.predict`` (final exit), with the padding mask passed to the
         head so that ``--exit-pooling mean`` ignores padding in a padded batch."""
-        logits = self.model(self._batch(tokens), classification_head_name=head)[0]
+        logits = self.runner(head)(self._batch(tokens), classification_head_name=head)[0]
         return logits if return_logits else F.log_softmax(logits, dim=-1)
 
     def predict_early_exit(
@@ -131,7 +163,8 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
             policy = EntropyPolicy(0.0)  # entropy 0: never leaves before the last layer
         tokens = self._batch(tokens)
         with utils.model_eval(self.model), torch.no_grad():
-            result = self.model.early_exit(tokens, as_policy(policy), classification_head_name=head)
+            runner = self.runner(head)
+            result = runner.early_exit(tokens, as_policy(policy), classification_head_name=head)
         if self.label_names is None:
             return result
         return result._replace(labels=[self.label_names[int(p)] for p in result.predictions])
@@ -140,7 +173,7 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
         """Logits of every exit, ``{layer: B x K}`` ordered by layer (last = final head)."""
         tokens = self._batch(tokens)
         with utils.model_eval(self.model), torch.no_grad():
-            outputs = self.model.exit_outputs(tokens, classification_head_name=head)
+            outputs = self.runner(head).exit_outputs(tokens, classification_head_name=head)
         return {out.layer: out.logits for out in outputs}
 
 
@@ -183,3 +216,81 @@ def model_folder_bpe_files(folder: Path) -> dict[str, str]:
         "vocab.json": "bpe_vocab",
     }
     return {arg: str(folder / name) for name, arg in files.items() if (folder / name).is_file()}
+
+
+def from_pretrained(
+    model_name_or_path: str,
+    checkpoint_file: str = "model.pt",
+    data_name_or_path: str = ".",
+    bpe: str | None = "recorded",
+    dtype: str | None = None,
+    backend: str | None = None,
+    policy: str | None = None,
+    **kwargs: Any,
+) -> MultiExitRobertaHubInterface:
+    """Load a multi-exit checkpoint (trained with a ``multi_exit_roberta*`` arch).
+
+    ``data_name_or_path``: the prepared data folder; a relative path is taken from the
+    current directory, else from ``model_name_or_path`` (fairseq's convention); the
+    default ``"."`` without a prepared folder there is the folder the checkpoint was
+    trained on. ``bpe="recorded"`` (the default): a data folder written by
+    ``acl-fairseq-prepare`` (``prepare_glue.json``) gives its tokenizer, so
+    ``hub.encode(text)`` (``text_a, text_b`` for pairs) encodes as the training data
+    (``acl_fairseq.data.text_encoder``); other folders get fairseq's ``gpt2``. Any other
+    value goes to fairseq, as do ``kwargs`` (config overrides). The folder is checked
+    against the data the checkpoint recorded at training (labels, pairs, text encoding:
+    ``acl_fairseq.checkpoint.training_data``, a ``ValueError`` naming both);
+    ``hub.label_names`` names the classes. An ``early_exit_policy.json`` next to the
+    checkpoint (``acl-fairseq-sweep --max-accuracy-drop D``) becomes the hub's
+    ``default_policy`` when it was chosen on this checkpoint's weights (else full depth,
+    with a warning saying why). ``dtype`` (``fp32``, ``bf16``, ``int8``; default: that
+    file's, else fp32) is the precision the model runs at (``runtime.precision``;
+    ``hub.dtype``, read-only), and the saved policy is the one chosen at it; ``backend``
+    (``fairseq`` or ``onnxruntime``; default: the one that policy was chosen on) what runs
+    it (``hub.backend``); ``policy`` (as ``acl-fairseq-predict --policy``: ``saved``,
+    ``none`` or a policy) the default policy. What runs is decided as for
+    ``acl-fairseq-predict`` on the same flags (``inference.plan``: ``hub.plan``), by
+    ``acl_fairseq.inference.loader.load_for_inference``.
+    """
+    folder = Path(model_name_or_path)
+    if not folder.is_dir():
+        raise CheckpointError(
+            f"model_name_or_path {model_name_or_path}: no such folder (the folder that "
+            f"holds {checkpoint_file})"
+        )
+    overrides = {"load_checkpoint_heads": True, **model_folder_bpe_files(folder), **kwargs}
+    loaded = load_for_inference(
+        folder / checkpoint_file,
+        hub_data_folder(data_name_or_path, folder),
+        "cpu",
+        label_order=False,
+        request=Request(backend, dtype, policy),
+        text="optional" if bpe == "recorded" else None,
+        arg_overrides=overrides,
+        data_flag="data_name_or_path",
+        dtype_flag="dtype",
+    )
+    model = loaded.model
+    if not isinstance(model, MultiExitRobertaModel):
+        raise TypeError(
+            f"{loaded.checkpoint} holds a {type(model).__name__}, not a multi_exit_roberta model"
+        )
+    if bpe == "recorded":
+        bpe = None if loaded.text is not None else "gpt2"
+    from fairseq.dataclass.utils import overwrite_args_by_name
+
+    overwrite_args_by_name(loaded.cfg, {**overrides, "bpe": bpe})
+    hub = MultiExitRobertaHubInterface(loaded.cfg, loaded.task, model)
+    for note in loaded.notes:
+        logger.warning(note)
+    hub.label_names = loaded.labels
+    hub.num_inputs = loaded.num_inputs
+    if loaded.text is not None:
+        hub.bpe = loaded.text
+        hub.example_encoder = loaded.examples
+    hub.plan, hub.loaded, hub.default_policy = loaded.plan, loaded, loaded.plan.policy
+    if loaded.saved_note and loaded.plan.policy is None:
+        logger.warning(f"early exit: {loaded.plan.why}")
+    else:
+        logger.info(f"early exit: {loaded.plan.why} at {loaded.plan.dtype} on {hub.backend}")
+    return hub

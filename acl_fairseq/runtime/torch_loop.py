@@ -11,8 +11,8 @@ It mirrors ``TransformerEncoder.forward`` layer by layer and keeps the work per 
   exit sees (``model.exit_hidden``); with ``first`` pooling only the first position is
   layer-normed (the same numbers as normalising every position and pooling afterwards);
 * the policy decides on the device (``ExitPolicy.decide``, the one rule of each policy); the
-  row bookkeeping (``early_exit.running_rows.RunningRows``, shared with the ONNX Runtime
-  backend ``inference.onnx_runtime``): one host sync per shallow exit (does any row leave?)
+  row bookkeeping (``runtime.rows.RunningRows``, shared with the ONNX Runtime
+  backend ``runtime.onnx_runtime``): one host sync per shallow exit (does any row leave?)
   and, only where some row leaves and more than one row runs, a second one (how many rows
   stay and, with padding, the new width); the batch is compacted only when some row leaves;
 * one unpadded row (batch 1) takes ``early_exit_row.run_single_row``: four or five tensor ops
@@ -31,10 +31,9 @@ import torch
 from torch import Tensor
 
 from ..early_exit.policies import ExitPolicy
-from ..early_exit.running_rows import RunningRows
-from .early_exit_row import run_single_row
-from .pooling import MeanWeights
-from .types import EarlyExitResult
+from ..models.pooling import MeanWeights
+from .rows import EarlyExitResult, RunningRows
+from .torch_row import run_single_row
 
 __all__ = ["run_early_exit"]
 

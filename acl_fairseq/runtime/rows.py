@@ -1,7 +1,7 @@
 """The row bookkeeping of the batched early-exit loop, whatever runs the layers: the rows still
 running, the policy's state, each row's exit and logits (pure torch, no model).
 
-The loop (``models.early_exit_loop`` in torch, ``inference.onnx_runtime`` on ONNX Runtime)
+The loop (``runtime.torch_loop`` in torch, ``runtime.onnx_runtime`` on ONNX Runtime)
 runs the layers and, at each exit the policy decides at, hands the running rows' logits to
 ``RunningRows.at_exit``, which records the rows that leave and returns the indices of the rows
 that stay when some left (the loop then keeps those rows of its hidden states and their first
@@ -24,7 +24,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .policies import ExitPolicy
+from ..early_exit.policies import ExitPolicy
 
 __all__ = ["EarlyExitResult", "RunningRows"]
 

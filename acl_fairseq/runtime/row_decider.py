@@ -17,9 +17,9 @@ import math
 import torch
 from torch import Tensor
 
-from .learned import LearnedPolicy, probability_logit
-from .per_exit import PerExitEntropyPolicy, PerExitMaxProbPolicy, PerExitPolicy
-from .policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, PatiencePolicy
+from ..early_exit.learned import LearnedPolicy, probability_logit
+from ..early_exit.per_exit import PerExitEntropyPolicy, PerExitMaxProbPolicy, PerExitPolicy
+from ..early_exit.policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, PatiencePolicy
 
 __all__ = ["SLACK", "RowDecider"]
 

@@ -11,7 +11,7 @@ head's three, the policy's rule, the host sync); this path spends four or five:
   positions and divides by their count (``pooling.row_mean``, ``masked_mean``'s numbers); then
   ``dense``, activation, ``out_proj`` (their ``forward`` when no hook is set; a ``linear`` head
   has ``out_proj`` only); dropout is the identity in eval mode;
-* the decision (``early_exit.row_decider.RowDecider``): the logits come to the host once and
+* the decision (``runtime.row_decider.RowDecider``): the logits come to the host once and
   the built-in kinds apply their rule there in float64, exactly the policy's decisions; other
   kinds decide on the tensor (one ``decide`` and one sync per exit).
 
@@ -28,9 +28,9 @@ import torch
 from torch import Tensor
 
 from ..early_exit.policies import ExitPolicy
-from ..early_exit.row_decider import RowDecider
-from .pooling import row_mean
-from .types import EarlyExitResult
+from ..models.pooling import row_mean
+from .row_decider import RowDecider
+from .rows import EarlyExitResult
 
 __all__ = ["run_single_row"]
 

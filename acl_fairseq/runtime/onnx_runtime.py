@@ -14,13 +14,13 @@ time are dynamic axes.
 segment (``fp32``, or ``int8``: ``quantize_dynamic`` with int8 weights per channel, its
 sessions without ``INT8_DISABLED``'s fusion): the policy decides on torch tensors over the
 sessions' outputs, and the row bookkeeping is the torch loop's own
-(``early_exit.running_rows``). A policy that never exits runs one full-depth session; one
+(``runtime.rows``). A policy that never exits runs one full-depth session; one
 unpadded row runs without row bookkeeping and decides on the host, as the torch loop's batch-1
-path (``early_exit.row_decider``). The fairseq model is the reference the tests
+path (``runtime.row_decider``). The fairseq model is the reference the tests
 compare it with.
 
 Exported files are cached under the folder given, in a folder named by the model's content
-fingerprint (``saved_policy.model_fingerprint``), its head and the export format; one file per
+fingerprint (``checkpoint.fingerprint``), its head and the export format; one file per
 segment and precision (``layers{FIRST}-{LAST}.{dtype}.onnx``), so exit sets that share a segment
 share its file and a second load exports nothing. onnxruntime is optional and imported lazily.
 """
@@ -41,12 +41,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..checkpoint.fingerprint import model_fingerprint
 from ..early_exit.policies import ExitPolicy, as_policy
-from ..early_exit.row_decider import RowDecider
-from ..early_exit.running_rows import EarlyExitResult, RunningRows
 from ..errors import AclFairseqError, AclValueError
 from .precision import model_precision
-from .saved_policy import model_fingerprint
+from .row_decider import RowDecider
+from .rows import EarlyExitResult, RunningRows
 
 __all__ = [
     "BACKENDS",
