@@ -3,7 +3,7 @@
 An :class:`AclFairseqError` is raised by one of the plugin's checks; its message names the
 flag or file and the fix. It is printed as one line, ``PROG: error: MESSAGE``, in fairseq's
 commands (:func:`install_excepthook`, spawned workers included) and in the plugin's tools
-(``acl_fairseq.console.run_tool``); ``ACL_FAIRSEQ_TRACEBACK=1`` shows the traceback. The
+(:func:`run_tool`); ``ACL_FAIRSEQ_TRACEBACK=1`` shows the traceback. The
 kinds also derive from the built-in they replace, so ``except ValueError`` still catches them.
 """
 
@@ -12,9 +12,12 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from types import TracebackType
+from typing import ParamSpec
 
 __all__ = [
+    "ERROR_EXIT",
     "TRACEBACK_ENV",
     "AclFairseqError",
     "AclFileNotFoundError",
@@ -23,6 +26,7 @@ __all__ = [
     "AclValueError",
     "install_excepthook",
     "plugin_message",
+    "run_tool",
     "traceback_wanted",
 ]
 
@@ -105,3 +109,23 @@ def install_excepthook(prog: str | None = None) -> bool:
     excepthook._acl_fairseq = True  # type: ignore[attr-defined]
     sys.excepthook = excepthook
     return True
+
+
+#: The exit status of a tool stopped by an :class:`AclFairseqError` (argparse's, for a bad flag).
+ERROR_EXIT = 2
+
+P = ParamSpec("P")
+
+
+def run_tool(prog: str, main: Callable[P, int], *args: P.args, **kwargs: P.kwargs) -> int:
+    """How a tool runs its main: ``main(*args, **kwargs)``'s exit status; an
+    :class:`AclFairseqError` it raises is printed on stderr as ``PROG: error: MESSAGE`` (status
+    :data:`ERROR_EXIT`), like argparse's errors. Other exceptions, and every error under
+    ``ACL_FAIRSEQ_TRACEBACK=1``, keep their traceback."""
+    try:
+        return main(*args, **kwargs)
+    except AclFairseqError as e:
+        if traceback_wanted():
+            raise
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return ERROR_EXIT

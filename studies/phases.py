@@ -35,11 +35,11 @@ import argparse
 import fcntl
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from acl_fairseq.data.splits import count_examples
+from acl_fairseq.experiment import commands
 from acl_fairseq.experiment.fewshot import best_on_dev
 from studies.data import REPO
 from studies.runs import check_retrained, link_run, need_checkpoints, restore
@@ -124,7 +124,7 @@ class Study:
             record.write_text(json.dumps({"commit": git_commit()}) + "\n", encoding="utf-8")
         print(f"\n### {out.relative_to(self.work)}", flush=True)
         compare = [sys.executable, "-m", "acl_fairseq.cli.compare", *args, "--out", str(out)]
-        code = subprocess.run(compare).returncode
+        code = commands.run(compare).returncode
         if code:
             raise SystemExit(f"compare failed in {out}")
 
@@ -251,7 +251,7 @@ class Study:
             if table.exists():
                 continue
             checkpoint = self.root / "main" / "runs" / f"{method}-seed1" / "checkpoint_best.pt"
-            subprocess.run(
+            commands.run(
                 [
                     sys.executable, "-m", "acl_fairseq.cli.sweep",
                     "--checkpoint", str(checkpoint), "--data", str(self.data()),
@@ -282,7 +282,7 @@ class Study:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(
+        return commands.run(
             ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
         ).stdout.strip()
     except OSError:

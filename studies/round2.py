@@ -31,12 +31,11 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from acl_fairseq.data.splits import count_examples
-from acl_fairseq.experiment import fewshot
+from acl_fairseq.experiment import commands, fewshot
 from acl_fairseq.inference.saved_policy import POLICY_FILE
 from studies.data import FEWSHOT_DEV_DRAWS, FEWSHOT_DEV_SIZES
 from studies.phases import (
@@ -224,7 +223,7 @@ class Round2(Study):
 
 
 def sweep(args: list[str]) -> None:
-    subprocess.run([sys.executable, "-m", "acl_fairseq.cli.sweep", *args], check=True)
+    commands.run([sys.executable, "-m", "acl_fairseq.cli.sweep", *args], check=True)
 
 
 ROUND2 = {

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,9 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 ENTRY_POINTS = {"fairseq-validate": "fairseq_cli.validate", "fairseq-train": "fairseq_cli.train"}
 TOOLS = sorted(
-    f"acl-fairseq-{p.name.replace('_', '-')}"
+    f"acl-fairseq-{p.stem.replace('_', '-')}"
     for p in (HERE.parent / "acl_fairseq" / "cli").iterdir()
-    if (p / "cli.py").is_file()
+    if (p.suffix == ".py" and not p.name.startswith("_")) or (p / "cli.py").is_file()
 )
 SHIMS = ("python", *ENTRY_POINTS, *TOOLS)
 SOCKET = "server.sock"
@@ -318,40 +318,13 @@ class ForkServer:
             cls._shim = None
 
 
-def served_stream_to_log(
-    cmd: Sequence[str],
-    log_file: str | Path,
-    on_line: Callable[[str], None] | None = None,
-    env: Mapping[str, str] | None = None,
-) -> int:
-    """``acl_fairseq.experiment.streaming.stream_to_log`` with the command served."""
-    from acl_fairseq.experiment import streaming
-
-    return streaming.stream_to_log(ForkServer.served(cmd), log_file, on_line, env)
-
-
-def served_run(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
-    """``subprocess.run`` with the command served."""
-    return subprocess.run(ForkServer.served(cmd), **kwargs)
-
-
 def serve_tools(monkeypatch) -> None:
-    """Serves the commands the tools start in the test process: the training commands of
-    acl-fairseq-compare and acl-fairseq-demo (``stream_to_log``), and the compare and sweep
-    commands of acl-fairseq-fewshot and the studies (``subprocess.run``)."""
-    import types
+    """Serves the commands the tools and the studies start in the test process: the seam
+    ``acl_fairseq.experiment.commands`` pointed at ``ForkServer.served`` (which leaves every
+    command as it is with ``ACL_TEST_FORK_SERVER=0``); nothing else is patched."""
+    from acl_fairseq.experiment import commands
 
-    import studies.phases
-    import studies.round2
-    from acl_fairseq.cli.compare import run
-    from acl_fairseq.cli.demo import cli
-    from acl_fairseq.cli.fewshot import cli as fewshot
-
-    for module in (run, cli):
-        monkeypatch.setattr(module, "stream_to_log", served_stream_to_log)
-    served = types.SimpleNamespace(run=served_run)
-    for module in (fewshot, studies.phases, studies.round2):
-        monkeypatch.setattr(module, "subprocess", served)
+    monkeypatch.setattr(commands, "_launcher", ForkServer.served)
 
 
 if __name__ == "__main__":

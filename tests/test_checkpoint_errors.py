@@ -214,7 +214,7 @@ def test_an_empty_truncated_or_foreign_file_is_named(tmp_path, tiny_state):
             "again)"
         )
     # the same through acl-fairseq-predict, before any data folder is needed
-    from acl_fairseq.cli.predict import cli as predict
+    from acl_fairseq.cli import predict as predict
 
     err = io.StringIO()
     assert predict.main([str(tmp_path / "empty.pt")], io.StringIO("x"), io.StringIO(), err) == 2

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from acl_fairseq.acl_grad import AngleRecord
+from acl_fairseq.cli import HelpFormatter
 from acl_fairseq.cli.compare import cli as compare_cli
 from acl_fairseq.cli.compare import plan, report
 from acl_fairseq.cli.compare import run as runner
-from acl_fairseq.console.help_format import HelpFormatter
 from acl_fairseq.data.splits import count_classes, count_examples
 from acl_fairseq.errors import AclValueError
 from acl_fairseq.experiment import fairseq_log

@@ -1,5 +1,5 @@
 """The tools report bad input one way: ``PROG: error: MESSAGE`` on stderr, exit status 2
-(``acl_fairseq.console.run_tool``); and every error class of the package is an
+(``acl_fairseq.errors.run_tool``); and every error class of the package is an
 ``AclFairseqError`` that keeps the built-in base it had."""
 
 from __future__ import annotations
@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from acl_fairseq.cli import convert_bert as convert_cli
+from acl_fairseq.cli import glue as glue_cli
+from acl_fairseq.cli import predict as predict_cli
+from acl_fairseq.cli import prepare as prepare_cli
 from acl_fairseq.cli.compare import cli as compare_cli
-from acl_fairseq.cli.convert_bert import cli as convert_cli
 from acl_fairseq.cli.demo import cli as demo_cli
 from acl_fairseq.cli.fewshot import cli as fewshot_cli
-from acl_fairseq.cli.glue import cli as glue_cli
 from acl_fairseq.cli.plots import cli as plots_cli
-from acl_fairseq.cli.predict import cli as predict_cli
-from acl_fairseq.cli.prepare import cli as prepare_cli
 from acl_fairseq.cli.sweep import cli as sweep_cli
-from acl_fairseq.console.run_tool import ERROR_EXIT, run_tool
-from acl_fairseq.errors import TRACEBACK_ENV, AclFairseqError, AclValueError
+from acl_fairseq.errors import ERROR_EXIT, TRACEBACK_ENV, AclFairseqError, AclValueError, run_tool
 
 from fairseq_helpers import REPO
 
@@ -125,7 +124,7 @@ def test_every_error_class_of_the_package_is_a_plugin_error():
         ("acl_fairseq.early_exit.thresholds", "TargetError", ValueError),
         ("acl_fairseq.cli.fewshot.pool", "FewshotError", ValueError),
         ("acl_fairseq.cli.fewshot.record", "RecordError", ValueError),
-        ("acl_fairseq.cli.predict.inputs", "PredictError", ValueError),
+        ("acl_fairseq.data.input_lines", "PredictError", ValueError),
         ("acl_fairseq.cli.compare.run", "RunFailed", Exception),
     ],
 )

@@ -12,7 +12,6 @@ from typing import ClassVar
 import pytest
 import torch
 
-from acl_fairseq.runtime import row_decider
 from acl_fairseq.early_exit.learned import FEATURES, LearnedPolicy, split_features
 from acl_fairseq.early_exit.per_exit import PerExitEntropyPolicy, PerExitMaxProbPolicy
 from acl_fairseq.early_exit.policies import (
@@ -22,6 +21,7 @@ from acl_fairseq.early_exit.policies import (
     PatiencePolicy,
     softmax_entropy,
 )
+from acl_fairseq.runtime import row_decider
 from acl_fairseq.runtime import torch_row as early_exit_row
 from acl_fairseq.runtime.precision import PRECISIONS, prepare_for_inference
 from acl_fairseq.runtime.row_decider import RowDecider

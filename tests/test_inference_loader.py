@@ -17,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from acl_fairseq.checkpoint.fingerprint import model_fingerprint
-from acl_fairseq.cli.predict import cli as predict
+from acl_fairseq.cli import predict as predict
 from acl_fairseq.early_exit.policies import EntropyPolicy, MaxProbPolicy
 from acl_fairseq.inference import loader
 from acl_fairseq.inference.loader import CheckpointError, load_for_inference, read_checkpoint

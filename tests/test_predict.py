@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from acl_fairseq.cli.predict import cli as predict
+from acl_fairseq.cli import predict as predict
 from acl_fairseq.data.splits import load_batches
 from acl_fairseq.data.text_encoder import ExampleEncoder
 from acl_fairseq.inference.loader import load_for_inference

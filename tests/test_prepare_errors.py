@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from acl_fairseq.cli.prepare import cli as prepare_cli
+from acl_fairseq.cli import prepare as prepare_cli
 
 SPM_ARGS = ["--tokenizer", "sentencepiece", "--spm-vocab-size", "200", "--workers", "1"]
 ROWS = "".join(f"the film number{i} .\t{'pos' if i % 2 else 'neg'}\n" for i in range(8))

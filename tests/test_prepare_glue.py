@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from acl_fairseq.cli.prepare import cli as prepare_cli
-from acl_fairseq.data import prepared, task_specs, tokenize, tokenizers
+from acl_fairseq.cli import prepare as prepare_cli
+from acl_fairseq.data import prepared, task_specs
+from acl_fairseq.data.tokenizer import kinds as tokenizers
+from acl_fairseq.data.tokenizer import parallel as tokenize
 
 WORDS = "the a cat dog sat ran on under mat table big small red blue quickly slowly".split()
 NUM_TRAIN, NUM_DEV, NUM_TEST = 8, 5, 3

@@ -44,7 +44,11 @@ NOT_PAGES = {  # docs/*.md whose blocks are not run, and why
     "docs/archive.md": "earlier measurements, kept as written: their commands name the tools and "
     "folders of their time",
 }
-TOOLS = sorted(p.name for p in (REPO / "acl_fairseq" / "cli").iterdir() if (p / "cli.py").is_file())
+TOOLS = sorted(
+    p.stem
+    for p in (REPO / "acl_fairseq" / "cli").iterdir()
+    if (p.suffix == ".py" and not p.name.startswith("_")) or (p / "cli.py").is_file()
+)
 NOT_RUN = {
     "make demo": "the demo itself (tests/test_demo.py runs it on a tiny BERT); make test is "
     "this suite",

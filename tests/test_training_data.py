@@ -23,7 +23,7 @@ from acl_fairseq.checkpoint.training_data import (
     check_folder,
     describe_folder,
 )
-from acl_fairseq.cli.predict import cli as predict
+from acl_fairseq.cli import predict as predict
 from acl_fairseq.inference.loader import CheckpointError, load_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
 

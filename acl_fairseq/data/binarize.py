@@ -15,9 +15,9 @@ from pathlib import Path
 
 from .prepared import write_meta
 from .task_specs import BadRow, DataError, SplitData, TaskSpec, format_bad_rows, load_task
-from .tokenize import sentencepiece_dictionary, tokenize_texts, train_sentencepiece
-from .tokenizer_files import relative_to, store_tokenizer
-from .tokenizers import TokenizerConfig
+from .tokenizer.files import relative_to, store_tokenizer
+from .tokenizer.kinds import TokenizerConfig
+from .tokenizer.parallel import sentencepiece_dictionary, tokenize_texts, train_sentencepiece
 from .vocab_check import check_srcdict_coverage
 
 logger = logging.getLogger("prepare_glue")

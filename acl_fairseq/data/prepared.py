@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .task_specs import DataError
-from .tokenizer_files import resolve_tokenizer
-from .tokenizers import Tokenizer, TokenizerConfig, build_tokenizer
+from .tokenizer.files import resolve_tokenizer
+from .tokenizer.kinds import Tokenizer, TokenizerConfig, build_tokenizer
 
 META_FILE = "prepare_glue.json"
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..errors import AclValueError
 from .prepared import meta_tokenizer
-from .tokenizers import (
+from .tokenizer.kinds import (
     Gpt2Tokenizer,
     SentencePieceTokenizer,
     Tokenizer,

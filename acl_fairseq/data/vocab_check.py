@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .task_specs import DataError
-from .tokenizers import TokenizerConfig
+from .tokenizer.kinds import TokenizerConfig
 
 MAX_UNK_SHARE = 0.05
 """The largest share of train tokens allowed to map to ``<unk>`` in ``--srcdict``."""

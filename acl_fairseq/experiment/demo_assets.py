@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..data.binarize import Options, prepare_tasks
 from ..data.task_specs import tsv_task
-from ..data.tokenizers import TokenizerConfig
+from ..data.tokenizer.kinds import TokenizerConfig
 from ..hf_bert.convert import convert
 
 __all__ = [

@@ -78,6 +78,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from acl_fairseq.cli import HelpFormatter
 from acl_fairseq.cli.compare.plan import (
     COMPARE_METHODS,
     parse_list,
@@ -88,10 +89,8 @@ from acl_fairseq.cli.compare.plan import (
 )
 from acl_fairseq.cli.compare.report import write_report
 from acl_fairseq.cli.compare.run import Progress, RunFailed, execute, train_command
-from acl_fairseq.console.help_format import HelpFormatter
-from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.data.splits import count_classes, count_examples
-from acl_fairseq.errors import AclFileNotFoundError, AclValueError
+from acl_fairseq.errors import AclFileNotFoundError, AclValueError, run_tool
 from acl_fairseq.experiment.recipe import METHODS, multi_exit_arch
 
 PROG = "acl-fairseq-compare"

@@ -24,13 +24,13 @@ from acl_fairseq.cli.compare.plan import (
 )
 from acl_fairseq.cli.compare.report import angle_summary
 from acl_fairseq.errors import AclRuntimeError, AclValueError
+from acl_fairseq.experiment.commands import stream_to_log
 from acl_fairseq.experiment.fairseq_log import best_dev, json_records, progress_kind, test_metrics
 from acl_fairseq.experiment.paths import BIN, USER_DIR
 from acl_fairseq.experiment.predictions import PREDICTIONS_FILE, predict_split, write_predictions
 from acl_fairseq.experiment.recipe import criterion_flags, flag_groups, multi_exit_arch
 from acl_fairseq.experiment.recipe import train_command as fairseq_train_command
 from acl_fairseq.experiment.results import RESULT_FILE, write_result
-from acl_fairseq.experiment.streaming import stream_to_log
 from acl_fairseq.inference.loader import load_for_inference
 
 

@@ -24,16 +24,16 @@ import argparse
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from acl_fairseq.cli.demo import deploy
-from acl_fairseq.console.run_tool import run_tool
+from acl_fairseq.cli.demo import deployable as deploy
 from acl_fairseq.cpu_features import has_native_bf16
 from acl_fairseq.data.task_specs import DataError
-from acl_fairseq.errors import AclRuntimeError, AclValueError
+from acl_fairseq.errors import AclRuntimeError, AclValueError, run_tool
+from acl_fairseq.experiment import commands
+from acl_fairseq.experiment.commands import stream_to_log
 from acl_fairseq.experiment.demo_assets import (
     converted_model,
     fetch_assets,
@@ -48,7 +48,6 @@ from acl_fairseq.experiment.recipe import (
     multi_exit_arch,
     train_command,
 )
-from acl_fairseq.experiment.streaming import stream_to_log
 
 EXAMPLE_SENTENCES = [
     "a gripping, beautifully acted film that stays with you long after it ends .",
@@ -200,7 +199,7 @@ def train(
 
 def evaluate(data: Path, checkpoint: Path, criterion: str, subset: str = "test") -> dict:
     """Per-exit test metrics of a checkpoint through fairseq-validate (JSON record)."""
-    out = subprocess.run(
+    out = commands.run(
         [
             str(BIN / "fairseq-validate"), str(data), "--user-dir", str(USER_DIR),
             "--task", "acl_sentence_prediction", "--criterion", criterion, "--no-acl-grad",
@@ -231,7 +230,7 @@ def classify_examples(checkpoint: Path, data: Path, sentences: list[str] | None 
     """``label  probability  exit layer  sentence`` per example sentence, then predict's
     lines on what it ran (policy, precision) and its summary; or the error."""
     sentences = sentences or EXAMPLE_SENTENCES
-    proc = subprocess.run(
+    proc = commands.run(
         predict_command(checkpoint, data),
         input="".join(f"{s}\n" for s in sentences),
         capture_output=True,

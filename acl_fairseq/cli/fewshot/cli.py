@@ -47,22 +47,21 @@ import json
 import logging
 import os
 import shlex
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from acl_fairseq.console.help_format import HelpFormatter
-from acl_fairseq.console.run_tool import run_tool
+from acl_fairseq.cli import HelpFormatter
 from acl_fairseq.data.binarize import Options, prepare_tasks
 from acl_fairseq.data.splits import check_disjoint, fewshot_train_dev
 from acl_fairseq.data.task_specs import tsv_task
-from acl_fairseq.data.tokenizer_flags import (
+from acl_fairseq.data.tokenizer.flags import (
     add_tokenizer_arguments,
     model_folder_tokenizer,
     tokenizer_config,
 )
-from acl_fairseq.experiment import fewshot
+from acl_fairseq.errors import run_tool
+from acl_fairseq.experiment import commands, fewshot
 from acl_fairseq.experiment.fewshot_report import comparison_rows, report
 
 from . import record
@@ -230,7 +229,7 @@ def prepare_draw(out: Path, name: str, splits: dict[str, list[Row]], opts: Optio
 
 
 def run_compare(args: list[str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "acl_fairseq.cli.compare", *args])
+    proc = commands.run([sys.executable, "-m", "acl_fairseq.cli.compare", *args])
     if proc.returncode != 0:
         raise FewshotError(
             f"acl-fairseq-compare failed (exit {proc.returncode}): {shlex.join(args)} (if it "

@@ -38,12 +38,11 @@ from pathlib import Path
 import numpy as np
 
 from acl_fairseq.acl_grad import read_angle_log
+from acl_fairseq.cli import HelpFormatter
 from acl_fairseq.cli.plots.figures import COLORS, Skipped, main_runs, plt, save_plot, write_csv
 from acl_fairseq.cli.plots.tsne import plot_tsne
-from acl_fairseq.console.help_format import HelpFormatter
-from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.early_exit.table import read_sweep
-from acl_fairseq.errors import AclFairseqError, AclFileNotFoundError, AclValueError
+from acl_fairseq.errors import AclFairseqError, AclFileNotFoundError, AclValueError, run_tool
 from acl_fairseq.experiment.mean_std import error_bar, summarize
 from acl_fairseq.experiment.recipe import MULTI_EXIT_METHODS
 from acl_fairseq.experiment.results import (

@@ -77,6 +77,7 @@ from typing import Any
 
 import torch
 
+from acl_fairseq.cli import HelpFormatter
 from acl_fairseq.cli.sweep.checks import (
     DEFAULT_DROPS,
     backend_list,
@@ -88,13 +89,12 @@ from acl_fairseq.cli.sweep.checks import (
     threshold_spec,
 )
 from acl_fairseq.cli.sweep.precision import Precision, calibrate, fastest, finish, time_all
-from acl_fairseq.console.help_format import HelpFormatter
-from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.data.splits import check_split, load_batches
 from acl_fairseq.early_exit.calibrate import CONSTRAINTS
 from acl_fairseq.early_exit.policies import POLICIES
 from acl_fairseq.early_exit.table import format_markdown, write_table
 from acl_fairseq.early_exit.thresholds import TargetError
+from acl_fairseq.errors import run_tool
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.saved_policy import FINGERPRINT, read_policy

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import AclValueError
+from ...errors import AclValueError
 
 TOKENIZERS = ("gpt2", "wordpiece", "sentencepiece")
 # BERT special tokens -> fairseq specials (the BERT converter drops these five from dict.txt).

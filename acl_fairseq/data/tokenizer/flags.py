@@ -8,8 +8,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from .task_specs import DataError
-from .tokenizers import TOKENIZERS, TokenizerConfig
+from ..task_specs import DataError
+from .kinds import TOKENIZERS, TokenizerConfig
 
 __all__ = ["add_tokenizer_arguments", "model_folder_tokenizer", "tokenizer_config"]
 

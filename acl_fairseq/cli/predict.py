@@ -33,15 +33,15 @@ from typing import Any, TextIO
 import torch
 from torch import Tensor
 
-from acl_fairseq.cli.predict.inputs import (
+from acl_fairseq.data.input_lines import (
     PredictError,
     encode_rows,
     parse_columns,
     read_input,
     read_rows,
 )
-from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.early_exit.policies import ExitPolicy
+from acl_fairseq.errors import run_tool
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.plan import ONNXRUNTIME, Request
 from acl_fairseq.models.heads import DEFAULT_HEAD

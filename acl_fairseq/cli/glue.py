@@ -10,15 +10,14 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.data.prepared import META_FILE, read_num_classes
-from acl_fairseq.errors import AclFairseqError
+from acl_fairseq.errors import AclFairseqError, run_tool
+from acl_fairseq.experiment import commands
 from acl_fairseq.experiment.paths import USER_DIR
 from acl_fairseq.experiment.recipe import (
     CRITERIA,
@@ -232,7 +231,7 @@ def run(stages: Sequence[Stage]) -> int:
         )
     for i, stage in enumerate(stages):
         print(f"+ {shlex.join(stage.command)}", file=sys.stderr, flush=True)
-        code = subprocess.run(stage.command).returncode
+        code = commands.run(stage.command).returncode
         if code != 0:
             return code
         if i + 1 < len(stages):

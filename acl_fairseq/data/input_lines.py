@@ -1,5 +1,6 @@
-"""The input of ``acl-fairseq-predict``: its lines (plain text or TSV columns) read into
-examples, encoded by the one text encoder (``acl_fairseq.data.text_encoder.ExampleEncoder``)."""
+"""Raw input lines (plain text or TSV columns) read into examples and encoded by the one text
+encoder (``acl_fairseq.data.text_encoder.ExampleEncoder``): the input of
+``acl-fairseq-predict``."""
 
 from __future__ import annotations
 

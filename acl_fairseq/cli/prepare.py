@@ -26,10 +26,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from acl_fairseq.console.run_tool import run_tool
 from acl_fairseq.data.binarize import Options, prepare_tasks
 from acl_fairseq.data.task_specs import GLUE_TASKS, DataError, TaskSpec, resolve_tasks, tsv_task
-from acl_fairseq.data.tokenizer_flags import add_tokenizer_arguments, tokenizer_config
+from acl_fairseq.data.tokenizer.flags import add_tokenizer_arguments, tokenizer_config
+from acl_fairseq.errors import run_tool
 
 PROG = "acl-fairseq-prepare"
 

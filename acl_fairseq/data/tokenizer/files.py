@@ -9,8 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
-from .task_specs import DataError
-from .tokenizers import TokenizerConfig
+from ..task_specs import DataError
+from .kinds import TokenizerConfig
 
 TOKENIZER_DIR = "tokenizer"
 SPM_MODEL = "sentencepiece.model"

@@ -9,9 +9,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from .task_specs import DataError
-from .text_encoder import TextEncoder
-from .tokenizers import TokenizerConfig, build_tokenizer
+from ..task_specs import DataError
+from ..text_encoder import TextEncoder
+from .kinds import TokenizerConfig, build_tokenizer
 
 CHUNK_SIZE = 1000
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from acl_fairseq.console.run_tool import run_tool
+from acl_fairseq.errors import run_tool
 from acl_fairseq.hf_bert.convert import convert
 from acl_fairseq.models.heads import DEFAULT_HEAD
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from acl_fairseq.experiment.commands import stream_to_log
 from acl_fairseq.experiment.fairseq_log import progress_kind
-from acl_fairseq.experiment.streaming import stream_to_log
 
 CHILD = """
 import os, sys, time

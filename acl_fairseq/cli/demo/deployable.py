@@ -17,12 +17,12 @@
 from __future__ import annotations
 
 import csv
-import subprocess
 import sys
 from pathlib import Path
 
 from acl_fairseq.early_exit.policies import ExitPolicy
 from acl_fairseq.errors import AclRuntimeError
+from acl_fairseq.experiment import commands
 from acl_fairseq.inference.saved_policy import SavedPolicy, policy_path, read_policy
 
 __all__ = [
@@ -55,7 +55,7 @@ def sweep_command(checkpoint: Path, data: Path, *flags: str) -> list[str]:
 def _run(cmd: list[str], what: str) -> str:
     """The stdout of the tool ``cmd``; its error (the last lines of stderr) as an
     :class:`AclRuntimeError` naming ``what`` failed."""
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = commands.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
         raise AclRuntimeError(f"{what} failed (exit status {proc.returncode}):\n{tail}")
