@@ -10,9 +10,10 @@ A row pairs seed s of a method with seed s of its baseline (same data, same exam
 * Holm's correction within the row's family (one family per study; the few-shot sizes are one
   family; the lambda study has two: the methods at each λ, and within a method each λ against
   λ 0.5, ``lambda-within``), separately for the t-test and for McNemar. A difference is a verdict
-  (``verdict``: better / worse) only when every test it has survives its correction at 0.05
+  (``verdict``: better / worse) only when both tests survive their correction at 0.05
   (``paired_tests.verdict``, the rule of acl-fairseq-fewshot's table too); otherwise ``no
-  difference``.
+  verdict``, also for a row with one test only (the first round kept no predictions, so it has
+  no McNemar).
 """
 
 from __future__ import annotations
@@ -212,9 +213,8 @@ def paired_rows(records: list[dict], corrected: Sequence[dict] = ()) -> list[lis
             adjusted = holm([r[f"{test}_p"] for r in members])
             for r, p in zip(members, adjusted):
                 r[f"{test}_holm"] = p
-    for r in rows:  # the tests each row has (a first-round row has no McNemar)
-        tests = [r[k] for k in ("paired_t_holm", "mcnemar_holm") if not math.isnan(r[k])]
-        r["verdict"] = verdict(r["mean_difference"], tests)
+    for r in rows:  # both tests: a missing one (NaN, a first-round row's McNemar) is no verdict
+        r["verdict"] = verdict(r["mean_difference"], [r["paired_t_holm"], r["mcnemar_holm"]])
     return [[_cell(r[c]) for c in PAIRED_COLUMNS] for r in [*rows, *corrected]]
 
 

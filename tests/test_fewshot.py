@@ -122,6 +122,11 @@ def naive_holm(p):
     return out
 
 
+def shown(p: float) -> str:
+    """A p-value as the table writes it: three decimals, two significant digits under 0.001."""
+    return f"{p:.3f}" if p >= 1e-3 else f"{p:.1e}"
+
+
 def correct(n_right: int, n: int = 200, shift: int = 0) -> tuple[bool, ...]:
     """``n`` test examples, the ``n_right`` from index ``shift`` on (cyclic) right."""
     return tuple((i - shift) % n < n_right for i in range(n))
@@ -150,13 +155,11 @@ def test_report_means_differences_and_paired_tests_over_draws():
     diffs = [[x - y for x, y in zip(tests[a], tests[b])] for a, b in pairs]
     assert (
         f"| CE+SCL − CE | {sum(diffs[1]) / 3:+.1f} | d1 +3.0, d2 +0.5, d3 +3.0 | {p[1]:.3f} | "
-        f"{holm[1]:.3f} | n/a | n/a | n/a | n/a | no difference |" in table
+        f"{holm[1]:.3f} | n/a | n/a | n/a | n/a | no verdict |" in table
     )
     assert f"| ACL − CE+SCL | {sum(diffs[2]) / 3:+.1f} | d1 +1.0, d2 -1.5, d3 +1.0 |" in table
     one = fewshot_report.report([r for r in results if r.draw == 1])
-    assert (
-        "| ACL − CE | +4.0 | d1 +4.0 | n/a | n/a | n/a | n/a | n/a | n/a | no difference |" in one
-    )
+    assert "| ACL − CE | +4.0 | d1 +4.0 | n/a | n/a | n/a | n/a | n/a | n/a | no verdict |" in one
 
 
 def test_report_tests_over_examples_and_gives_a_verdict_only_when_both_tests_survive():
@@ -194,32 +197,32 @@ def test_report_tests_over_examples_and_gives_a_verdict_only_when_both_tests_sur
         expected = verdict(row["mean_difference"], [row["paired_t_holm"], row["mcnemar_holm"]])
         assert row["verdict"] == expected
     assert rows[1]["verdict"] == "better" and rows[2]["verdict"] == "better"
-    assert rows[0]["verdict"] == "no difference"
+    assert rows[0]["verdict"] == "no verdict"
     table = fewshot_report.report(results, n)
     acl = rows[1]
     assert (
-        f"| ACL − CE | +15.0 | d1 +15.5, d2 +14.5, d3 +15.0 | {acl['paired_t_p']:.3f} | "
-        f"{acl['paired_t_holm']:.3f} | {acl['ours_only']} / {acl['theirs_only']} | "
-        f"{acl['mcnemar_p']:.3f} | {acl['mcnemar_holm']:.3f} | "
+        f"| ACL − CE | +15.0 | d1 +15.5, d2 +14.5, d3 +15.0 | {shown(acl['paired_t_p'])} | "
+        f"{shown(acl['paired_t_holm'])} | {acl['ours_only']} / {acl['theirs_only']} | "
+        f"{shown(acl['mcnemar_p'])} | {shown(acl['mcnemar_holm'])} | "
         f"{acl['bootstrap_low']:+.1f} to {acl['bootstrap_high']:+.1f} | better |" in table
     )
-    assert "only when both corrected p-values are below 0.05" in table
+    assert acl["mcnemar_holm"] < 1e-3 and "| 0.000 |" not in table  # a tiny p is not shown 0
+    assert "only when both corrected p-values are below 0.05, otherwise no verdict" in table
+    labels = [line.rsplit("|", 2)[1].strip() for line in table.splitlines() if " − " in line]
+    assert labels == ["no verdict", "better", "better"]  # the rows' order; never "no difference"
 
 
 def test_no_verdict_without_the_test_over_examples_or_over_draws():
     """The t-test alone (no predictions kept) or McNemar alone (one draw) is no verdict."""
-    assert verdict(3.0, [0.001, math.nan]) == "no difference"
-    assert verdict(3.0, [math.nan, 0.001]) == "no difference"
+    assert verdict(3.0, [0.001, math.nan]) == "no verdict"
+    assert verdict(3.0, [math.nan, 0.001]) == "no verdict"
     assert verdict(3.0, [0.01, 0.04]) == "better" and verdict(-3.0, [0.01, 0.04]) == "worse"
-    assert (
-        verdict(3.0, [0.01, 0.06]) == "no difference"
-        and verdict(0.0, [0.0, 0.0]) == "no difference"
-    )
-    assert verdict(3.0, []) == "no difference"
+    assert verdict(3.0, [0.01, 0.06]) == "no verdict" and verdict(0.0, [0.0, 0.0]) == "no verdict"
+    assert verdict(3.0, []) == "no verdict"
     right = {"ce": [correct(100)], "acl": [correct(190)]}
     rows = fewshot_report.comparison_rows(draw_results({"ce": [50.0], "acl": [95.0]}, right))
     assert rows[0]["mcnemar_holm"] < 1e-6 and rows[0]["paired_t_p"] is None
-    assert rows[0]["verdict"] == "no difference"
+    assert rows[0]["verdict"] == "no verdict"
 
 
 def test_compare_args_are_compare_flags_for_equal_updates():

@@ -13,7 +13,15 @@ from typing import Any
 
 from .fewshot import METHODS, NAMES, DrawResult
 from .mean_std import fmt_mean_std
-from .paired_tests import ALPHA, holm, mcnemar, paired_bootstrap, seed_t_test, verdict
+from .paired_tests import (
+    ALPHA,
+    NO_VERDICT,
+    holm,
+    mcnemar,
+    paired_bootstrap,
+    seed_t_test,
+    verdict,
+)
 
 __all__ = ["comparison_rows", "report"]
 
@@ -77,7 +85,10 @@ def comparison_rows(results: Sequence[DrawResult]) -> list[dict[str, Any]]:
 
 
 def _p(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+    """Three decimals; under 0.001 two significant digits (1.7e-08, not 0.000)."""
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" if value >= 0.001 else f"{value:.1e}"
 
 
 def _name(method: str) -> str:
@@ -135,6 +146,7 @@ def report(results: Sequence[DrawResult], test_size: int | None = None) -> str:
         "wrong) and a paired bootstrap over the examples (95% interval of the mean difference; "
         "n/a without per-example predictions). Each test is Holm-corrected over every row of "
         f"the tables (one family); a difference is a verdict (better / worse) only when both "
-        f"corrected p-values are below {ALPHA:g}, otherwise no difference."
+        f"corrected p-values are below {ALPHA:g}, otherwise {NO_VERDICT}, which is not a finding "
+        "of no difference: the interval and the p-values say what is and is not ruled out."
     )
     return "\n".join(lines) + "\n"

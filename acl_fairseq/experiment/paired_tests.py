@@ -3,7 +3,8 @@ correction for the number of tests.
 
 :func:`seed_t_test` (over seeds: the spread between trainings), :func:`mcnemar` and
 :func:`paired_bootstrap` (over examples, pooled over seeds), :func:`holm`, and
-:func:`verdict`: better / worse only when every corrected test is below ``ALPHA``.
+:func:`verdict`: better / worse only when every corrected test is below ``ALPHA``, else "no
+verdict" (not "no difference": a test that does not survive rules nothing out by itself).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 __all__ = [
     "ALPHA",
+    "NO_VERDICT",
     "BootstrapResult",
     "McNemarResult",
     "holm",
@@ -27,6 +29,7 @@ __all__ = [
 ]
 
 ALPHA = 0.05  # the level a corrected p-value must be below for a verdict
+NO_VERDICT = "no verdict"  # the label of a difference that is not a verdict
 
 
 def seed_t_test(differences: Sequence[float]) -> float:
@@ -113,9 +116,9 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 def verdict(mean_difference: float, corrected: Sequence[float], alpha: float = ALPHA) -> str:
     """``better`` / ``worse`` (the sign of ``mean_difference``) when every p-value of
-    ``corrected`` is below ``alpha`` (NaN is not; none gives no verdict), else ``no
-    difference``."""
+    ``corrected`` is below ``alpha`` (NaN is not; none gives no verdict), else ``NO_VERDICT``:
+    the data did not decide, which is not a finding of no difference."""
     significant = bool(corrected) and all(p < alpha for p in corrected)
     if not significant or mean_difference == 0:
-        return "no difference"
+        return NO_VERDICT
     return "better" if mean_difference > 0 else "worse"

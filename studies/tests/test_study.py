@@ -481,7 +481,7 @@ def test_the_fewshot_commands_results_become_rows_of_summary_and_paired(tmp_path
         "per_draw_difference": [2.0, -0.5, 3.5], "mean_difference": 5 / 3, "std": 2.02,
         "paired_t_p": 0.3, "example_draws": 3, "ours_only": 30, "theirs_only": 20,
         "mcnemar_p": 0.2, "bootstrap_low": -0.123, "bootstrap_high": 3.456, "bootstrap_p": 0.2,
-        "paired_t_holm": 0.6, "mcnemar_holm": 0.4, "verdict": "no difference",
+        "paired_t_holm": 0.6, "mcnemar_holm": 0.4, "verdict": "no verdict",
     }  # fmt: skip
     result = {"test_size": 100, "draws": draws, "comparisons": [comparison], "warnings": []}
     (folder / "fewshot.json").write_text(json.dumps(result))
@@ -502,4 +502,4 @@ def test_the_fewshot_commands_results_become_rows_of_summary_and_paired(tmp_path
     assert (cells["mean_difference"], cells["bootstrap_low"], cells["bootstrap_high"]) == (
         1.667, -0.12, 3.46)  # fmt: skip
     assert (cells["paired_t_holm"], cells["mcnemar_holm"], cells["verdict"]) == (
-        0.6, 0.4, "no difference")  # fmt: skip
+        0.6, 0.4, "no verdict")  # fmt: skip

@@ -18,7 +18,8 @@ The table (fewshot.md, and its rows in fewshot.json): per k, each method's mean 
 per pair of methods the per-draw differences, the paired t-test over draws, the exact McNemar
 test over the test examples pooled over the draws (the chosen runs' predictions.tsv) with a
 paired bootstrap interval, each test Holm-corrected over every row, and a verdict (better /
-worse) only when both corrected p-values are below 0.05.
+worse) only when both corrected p-values are below 0.05, else "no verdict" (not a finding of no
+difference).
 
 A re-run with the same --out continues the study: more sizes, draws, methods or learning
 rates are added; a setting that changes the data or the training (the input files, columns,
