@@ -55,6 +55,7 @@ import io
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +66,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .errors import AclRuntimeError, AclValueError
-from .fairseq_patches import plugin_run
 
 __all__ = [
     "CpuDistributedDataParallel",
@@ -83,6 +83,10 @@ __all__ = [
 ]
 
 
+#: Whether each patch acts on this run (set by ``acl_fairseq.fairseq_patches``).
+_acts: dict[str, Callable[[], bool]] = {"cpu_ddp": bool, "teardown": bool}
+
+
 class CpuDistributedDataParallel(DistributedDataParallel):
     """torch's ``DistributedDataParallel``, built without ``device_ids`` / ``output_device``
     when every parameter of ``module`` is on the CPU (torch refuses them there); otherwise
@@ -90,15 +94,16 @@ class CpuDistributedDataParallel(DistributedDataParallel):
 
     def __init__(self, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         devices = {p.device.type for p in module.parameters()}
-        if devices == {"cpu"} and plugin_run():
+        if devices == {"cpu"} and _acts["cpu_ddp"]():
             kwargs["device_ids"] = None
             kwargs["output_device"] = None
         super().__init__(module, *args, **kwargs)
 
 
-def install_cpu_ddp() -> None:
+def install_cpu_ddp(acts: Callable[[], bool]) -> None:
     """Makes fairseq's ``--ddp-backend pytorch_ddp`` / ``c10d`` build
-    :class:`CpuDistributedDataParallel` (idempotent)."""
+    :class:`CpuDistributedDataParallel`, which acts where ``acts()`` (idempotent)."""
+    _acts["cpu_ddp"] = acts
     from fairseq.models import distributed_fairseq_model
 
     distributed_fairseq_model.DistributedDataParallel = CpuDistributedDataParallel
@@ -176,18 +181,19 @@ def _distributed_main(i: int, main: Any, cfg: Any, kwargs: dict) -> None:
     try:
         fairseq_main(i, main, cfg, kwargs)
     except BaseException:  # a worker that stops on an error tears down too, then re-raises
-        if plugin_run():
+        if _acts["teardown"]():
             with contextlib.suppress(Exception):
                 teardown()
         raise
-    if plugin_run():  # a stock run ends as fairseq ends it
+    if _acts["teardown"]():  # a stock run ends as fairseq ends it
         teardown()
 
 
-def install_teardown() -> None:
+def install_teardown(acts: Callable[[], bool]) -> None:
     """Makes every fairseq worker (``call_main``: fairseq-train, -validate, -hydra-train,
     spawned or not) run :func:`teardown` when its command returns, and every process that
-    imported the plugin run :func:`stop_data_threads` at exit (idempotent)."""
+    imported the plugin run :func:`stop_data_threads` at exit, where ``acts()`` (idempotent)."""
+    _acts["teardown"] = acts
     from fairseq.distributed import utils
 
     if utils.distributed_main is not _distributed_main:
@@ -199,7 +205,7 @@ def install_teardown() -> None:
 
 def _stop_data_threads_at_exit() -> None:
     """:func:`stop_data_threads` at exit, in plugin runs only."""
-    if plugin_run():
+    if _acts["teardown"]():
         stop_data_threads()
 
 

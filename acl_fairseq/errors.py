@@ -84,7 +84,7 @@ def _prog() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
 
 
-def install_excepthook(prog: str | None = None) -> bool:
+def install_excepthook(prog: str | None = None, acts: Callable[[], bool] = lambda: True) -> bool:
     """In a fairseq command (``prog``, default the program's name, starts with ``fairseq``),
     prints an uncaught :class:`AclFairseqError` as ``PROG: error: MESSAGE`` (exit status 1);
     other exceptions go to the previous hook. Idempotent; returns whether it is installed."""
@@ -97,9 +97,7 @@ def install_excepthook(prog: str | None = None) -> bool:
     def excepthook(
         kind: type[BaseException], value: BaseException, tb: TracebackType | None
     ) -> None:
-        from .fairseq_patches import setting
-
-        message = None if traceback_wanted() or setting() == "off" else plugin_message(value)
+        message = None if traceback_wanted() or not acts() else plugin_message(value)
         if message is None:
             previous(kind, value, tb)
             return

@@ -26,6 +26,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import distributed, errors
+from .checkpoint import atomic_files, safe_loading, save_dir
 from .errors import AclValueError
 
 __all__ = [
@@ -99,51 +101,35 @@ class Patch:
 
 
 def _excepthook() -> None:
-    from .errors import install_excepthook
-
-    install_excepthook()
+    errors.install_excepthook(acts=lambda: setting() != "off")
 
 
 def _load_to_cpu() -> None:
-    from .checkpoint import safe_loading
-
-    safe_loading.install()
+    safe_loading.install(named=guard_rails)
 
 
 def _restore() -> None:
-    from .checkpoint import save_dir
-
-    save_dir.install()
+    save_dir.install(guard_rails)
 
 
 def _persistent_save() -> None:
-    from .checkpoint import atomic_files
-
-    atomic_files.install_persistent_save()
+    atomic_files.install_persistent_save(guard_rails)
 
 
 def _copy() -> None:
-    from .checkpoint import atomic_files
-
-    atomic_files.install_copy()
+    atomic_files.install_copy(guard_rails)
 
 
 def _cpu_ddp() -> None:
-    from . import distributed
-
-    distributed.install_cpu_ddp()
+    distributed.install_cpu_ddp(plugin_run)
 
 
 def _broadcast() -> None:
-    from . import distributed
-
     distributed.install_checkpoint_broadcast()
 
 
 def _teardown() -> None:
-    from . import distributed
-
-    distributed.install_teardown()
+    distributed.install_teardown(plugin_run)
 
 
 PATCHES: tuple[Patch, ...] = (

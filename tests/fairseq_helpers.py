@@ -206,13 +206,15 @@ def fairseq_train(data: Path, save_dir: Path, *args: str, env: dict | None = Non
     return run(train_command(data, save_dir, *args), env=env)
 
 
-def fails_with(data: Path, save_dir: Path, *args: str, message: str) -> str:
-    """Runs fairseq-train, expects it to fail with ``message`` (a plain string) in its output;
-    returns the output."""
+def fails_with(
+    data: Path, save_dir: Path, *args: str, message: str, env: dict | None = None
+) -> str:
+    """Runs fairseq-train (with ``env`` added to its environment), expects it to fail with
+    ``message`` (a plain string) in its output; returns the output."""
     import pytest
 
     with pytest.raises(AssertionError, match=r"command failed") as info:
-        fairseq_train(data, save_dir, *args)
+        fairseq_train(data, save_dir, *args, env=env)
     out = str(info.value)
     assert message in out, out[-3000:]
     return out

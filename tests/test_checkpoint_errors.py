@@ -25,6 +25,7 @@ from fairseq_helpers import copy_data, fails_with, fairseq_train, train_args, tr
 TRAIN = train_args(task=None, max_update=2, no_epoch_checkpoints=True)
 STOCK_CE = ["--task", "sentence_prediction", "--criterion", "sentence_prediction"]
 ACL = ["--task", "acl_sentence_prediction", "--criterion", "acl_embed"]
+PLUGIN_CE = ["--task", "acl_sentence_prediction", "--criterion", "sentence_prediction"]
 ACL_TRAIN = train_args(criterion="acl_embed", batch_size=8, max_update=2, no_epoch_checkpoints=True)
 CONVERTER = "acl-fairseq-convert-bert HF_DIR OUTDIR"
 NOT_FAIRSEQ = "A fairseq checkpoint is a torch file holding a dict with 'model'"
@@ -105,9 +106,14 @@ def test_restore_file_with_a_model_parallel_suffix(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", [STOCK_CE, ACL], ids=["stock_ce", "acl_embed"])
-def test_missing_restore_file_stops_fairseq_train(sentiment_data, tmp_path, method):
-    """For fairseq's own task and criterion too, before the first update."""
+@pytest.mark.parametrize(
+    "method, guard_rails",
+    [(PLUGIN_CE, None), (ACL, None), (STOCK_CE, "all")],
+    ids=["plugin_task", "acl_embed", "stock_opted_in"],
+)
+def test_missing_restore_file_stops_fairseq_train(sentiment_data, tmp_path, method, guard_rails):
+    """A run of the plugin's task or criterion (or a stock run that opts in with
+    ACL_FAIRSEQ_GUARD_RAILS=all) stops before the first update."""
     missing = tmp_path / "no-such-model.pt"
     out = fails_with(
         sentiment_data,
@@ -118,9 +124,22 @@ def test_missing_restore_file_stops_fairseq_train(sentiment_data, tmp_path, meth
         str(missing),
         message=f"fairseq-train: error: --restore-file (checkpoint.restore_file) {missing}: "
         "no such file",
+        env={"ACL_FAIRSEQ_GUARD_RAILS": guard_rails} if guard_rails else None,
     )
     assert not trained_updates(out)
     assert not list((tmp_path / "ck").glob("*.pt"))
+
+
+@pytest.mark.slow
+def test_a_stock_run_with_a_missing_restore_file_goes_as_in_fairseq(sentiment_data, tmp_path):
+    """fairseq's own task and criterion with the plugin loaded: fairseq's own line, and
+    training from scratch (fairseq's idiom for "never resume")."""
+    missing = tmp_path / "no-such-model.pt"
+    out = fairseq_train(
+        sentiment_data, tmp_path / "ck", *TRAIN, *STOCK_CE, "--restore-file", str(missing)
+    )
+    assert f"No existing checkpoint found {missing}" in out
+    assert trained_updates(out)[-1] == 2
 
 
 @pytest.mark.slow
@@ -244,7 +263,7 @@ def test_wrong_kind_of_checkpoint_through_fairseq_train(sentiment_data, tmp_path
         sentiment_data,
         tmp_path / "ck",
         *TRAIN,
-        *STOCK_CE,
+        *PLUGIN_CE,
         "--restore-file",
         str(path),
         message=f"fairseq-train: error: --restore-file (checkpoint.restore_file): {expected}",
@@ -397,7 +416,7 @@ def test_a_save_dir_of_another_run_is_refused(tmp_path):
 def test_reusing_a_save_dir_through_fairseq_train(sentiment_data, tmp_path):
     save_dir = tmp_path / "ck"
     fairseq_train(sentiment_data, save_dir, *TRAIN, *ACL)
-    other = [*TRAIN, *STOCK_CE, "--lr", "5e-4", "--max-update", "3"]
+    other = [*TRAIN, *PLUGIN_CE, "--lr", "5e-4", "--max-update", "3"]
     out = fails_with(
         sentiment_data,
         save_dir,
@@ -411,7 +430,7 @@ def test_reusing_a_save_dir_through_fairseq_train(sentiment_data, tmp_path):
     assert f"Loaded checkpoint {save_dir / 'checkpoint_last.pt'}" in out  # its weights,
     assert trained_updates(out) == [1, 2, 3]  # a new optimization with the new settings
     last = save_dir / "checkpoint_last.pt"  # named: resumed as it is, another lr or not
-    out = fairseq_train(sentiment_data, save_dir, *TRAIN, *STOCK_CE, "--lr", "1e-4",
+    out = fairseq_train(sentiment_data, save_dir, *TRAIN, *PLUGIN_CE, "--lr", "1e-4",
                         "--restore-file", str(last), "--max-update", "4")  # fmt: skip
     assert f"Loaded checkpoint {last} (epoch 1 @ 3 updates)" in out
     assert trained_updates(out) == [4]

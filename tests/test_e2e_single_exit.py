@@ -1,7 +1,5 @@
 """End to end through the real ``fairseq-train`` / ``fairseq-validate`` entry points."""
 
-import importlib
-
 import pytest
 
 from fairseq_helpers import (
@@ -122,14 +120,15 @@ def test_angle_log_and_restore_file(sentiment_data, tmp_path):
 
 
 def test_import_twice_registers_once():
+    from fairseq import checkpoint_utils
     from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.tasks import TASK_REGISTRY
 
     import acl_fairseq
 
-    importlib.reload(acl_fairseq.checkpoint.safe_loading)
-    acl_fairseq.checkpoint.safe_loading.install()
-    acl_fairseq.checkpoint.safe_loading.install()
+    loader = checkpoint_utils.load_checkpoint_to_cpu
+    acl_fairseq.fairseq_patches.install()  # a second install: every patch once
+    assert checkpoint_utils.load_checkpoint_to_cpu is loader
     import acl_fairseq.criterions  # noqa: F401  (second import is a no-op)
 
     assert {"acl_embed", "ce_scl"} <= set(CRITERION_REGISTRY)

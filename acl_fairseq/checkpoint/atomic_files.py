@@ -19,7 +19,8 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from ..fairseq_patches import guard_rails
+#: Whether the guard rails act on this run (set by ``acl_fairseq.fairseq_patches``).
+_acts: Callable[[], bool] = bool
 
 __all__ = [
     "TMP_SUFFIX",
@@ -83,7 +84,7 @@ def _is_local(path: str) -> bool:
 def _atomic_persistent_save(original: Callable) -> Callable:
     @functools.wraps(original)
     def torch_persistent_save(obj, filename, async_write: bool = False):
-        if async_write or not _is_local(filename) or not guard_rails():
+        if async_write or not _is_local(filename) or not _acts():
             return original(obj, filename, async_write)
         replace_atomically(str(filename), _torch_save_to(obj))
 
@@ -94,7 +95,7 @@ def _atomic_persistent_save(original: Callable) -> Callable:
 def _atomic_copy(original: Callable) -> Callable:
     @functools.wraps(original)
     def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
-        if not (_is_local(src_path) and _is_local(dst_path)) or not guard_rails():
+        if not (_is_local(src_path) and _is_local(dst_path)) or not _acts():
             return original(src_path, dst_path, overwrite)
         replace_atomically(str(dst_path), functools.partial(shutil.copyfile, str(src_path)))
         return True
@@ -103,17 +104,22 @@ def _atomic_copy(original: Callable) -> Callable:
     return copy
 
 
-def install_persistent_save() -> None:
+def install_persistent_save(acts: Callable[[], bool]) -> None:
     """Idempotent: fairseq's ``checkpoint_utils.torch_persistent_save`` (every checkpoint the
-    trainer writes) replaces its file atomically."""
+    trainer writes) replaces its file atomically where ``acts()``."""
+    global _acts
+    _acts = acts
     current = checkpoint_utils.torch_persistent_save
     if not getattr(current, "_acl_fairseq_atomic", False):
         checkpoint_utils.torch_persistent_save = _atomic_persistent_save(current)
 
 
-def install_copy() -> None:
+def install_copy(acts: Callable[[], bool]) -> None:
     """Idempotent: fairseq's ``PathManager.copy`` (the trainer's copies to
-    ``checkpoint_best.pt`` / ``checkpoint_last.pt``) replaces its file atomically."""
+    ``checkpoint_best.pt`` / ``checkpoint_last.pt``) replaces its file atomically where
+    ``acts()``."""
+    global _acts
+    _acts = acts
     current = PathManager.copy
     if not getattr(current, "_acl_fairseq_atomic", False):
         PathManager.copy = staticmethod(_atomic_copy(current))

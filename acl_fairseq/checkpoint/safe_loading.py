@@ -24,7 +24,6 @@ from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
 from ..errors import AclFileNotFoundError, AclIsADirectoryError, AclValueError
-from ..fairseq_patches import guard_rails
 
 __all__ = ["install", "SAFE_GLOBALS", "check_restore_file", "damaged", "named_as"]
 
@@ -146,7 +145,7 @@ def _damaged_message(path: str, what: str) -> str:
 def _check_loadable(load_fn):
     @functools.wraps(load_fn)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
-        named = guard_rails()  # else fairseq's own errors, unchanged
+        named = _named()  # else fairseq's own errors, unchanged
         if named and PathManager.isfile(path) and _is_safetensors(path):
             raise AclValueError(diagnose(path))
         with torch.serialization.safe_globals(SAFE_GLOBALS):
@@ -224,8 +223,15 @@ def _folder_fix(path: str) -> str:
     return "pass the checkpoint file inside it (e.g. model.pt or checkpoint_best.pt)"
 
 
-def install() -> None:
-    """Idempotent: wraps ``checkpoint_utils.load_checkpoint_to_cpu``."""
+#: Whether a file that is no fairseq checkpoint is named, with the fix (the guard rails act).
+_named = bool
+
+
+def install(named) -> None:
+    """Idempotent: wraps ``checkpoint_utils.load_checkpoint_to_cpu``; ``named()``: whether a
+    file that is no fairseq checkpoint is named, with the fix (else fairseq's error)."""
+    global _named
+    _named = named
     current = checkpoint_utils.load_checkpoint_to_cpu
     if not getattr(current, "_acl_fairseq_safe", False):
         checkpoint_utils.load_checkpoint_to_cpu = _check_loadable(current)

@@ -24,7 +24,6 @@ from typing import Any
 from fairseq import checkpoint_utils
 
 from ..errors import AclValueError
-from ..fairseq_patches import guard_rails
 from .atomic_files import remove_leftovers
 from .fits import CheckpointMismatch
 from .resume import check_resume, finished, newest_of_run, read_saved
@@ -158,7 +157,7 @@ def _hydra_hint() -> str:
 def _checked_restore(load_fn: Callable) -> Callable:
     @functools.wraps(load_fn)
     def load_checkpoint(cfg, trainer, **kwargs):
-        if not guard_rails() or _refused_by_fairseq(cfg):
+        if not _acts() or _refused_by_fairseq(cfg):
             return load_fn(cfg, trainer, **kwargs)
         suffix = getattr(trainer, "checkpoint_suffix", "")
         run_cfg = getattr(trainer, "cfg", None)
@@ -187,8 +186,15 @@ def _refused_by_fairseq(cfg: Any) -> bool:
     return restore != DEFAULT_RESTORE_FILE and bool(getattr(cfg, "finetune_from_model", None))
 
 
-def install() -> None:
-    """Idempotent: wraps ``checkpoint_utils.load_checkpoint`` (fairseq-train's restore step)."""
+#: Whether the guard rails act on this run (set by ``acl_fairseq.fairseq_patches``).
+_acts: Callable[[], bool] = bool
+
+
+def install(acts: Callable[[], bool]) -> None:
+    """Idempotent: wraps ``checkpoint_utils.load_checkpoint`` (fairseq-train's restore step),
+    checked where ``acts()``."""
+    global _acts
+    _acts = acts
     current = checkpoint_utils.load_checkpoint
     if not getattr(current, "_acl_fairseq_safe", False):
         checkpoint_utils.load_checkpoint = _checked_restore(current)

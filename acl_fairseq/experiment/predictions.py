@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..autocast import forward_precision
 from ..errors import AclValueError
 
 __all__ = [
@@ -58,7 +59,6 @@ def predict_split(
 ) -> SplitPredictions:
     """Every exit's prediction for every example of ``split`` (a plain RoBERTa: its final
     head), run as the task validates (under its ``--autocast``)."""
-    from ..autocast import forward_precision
 
     head = head or getattr(task.cfg, "classification_head_name", "sentence_classification_head")
     if split not in task.datasets:
