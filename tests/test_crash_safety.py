@@ -79,6 +79,7 @@ def model_of(path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.server_off
 def test_kill_9_anywhere_then_resume(sentiment_data, tmp_path):
     reference = tmp_path / "reference"
     out = fairseq_train(sentiment_data, reference, *ARGS)

@@ -23,6 +23,7 @@ COMMON = train_args(
 
 
 @pytest.mark.slow
+@pytest.mark.server_off
 def test_two_stage_acl_then_acl_cl(sentiment_data, tmp_path):
     stage1, stage2 = tmp_path / "stage1", tmp_path / "stage2"
     fairseq_train(

@@ -26,7 +26,7 @@ def records(out, kind):
 @pytest.mark.parametrize(
     "criterion,extra,acl_grad",
     [
-        ("acl_embed", [], True),
+        pytest.param("acl_embed", [], True, marks=pytest.mark.server_off),
         ("ce_scl", [], False),
         ("ce_scl", ["--acl-grad"], True),
         ("acl_embed", ["--acl-grad-scope", "head", "--update-freq", "2"], True),

@@ -222,6 +222,7 @@ def run_block(language: str, block: str, cwd: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.server_off
 def test_the_documented_commands_run_as_written(world):
     work = Path(world["work"])
     out = []  # the output of each RUN block, in RUN order

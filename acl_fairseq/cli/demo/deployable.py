@@ -23,6 +23,7 @@ from pathlib import Path
 from acl_fairseq.early_exit.policies import ExitPolicy
 from acl_fairseq.errors import AclRuntimeError
 from acl_fairseq.experiment import commands
+from acl_fairseq.inference.plan import Request, decide
 from acl_fairseq.inference.saved_policy import SavedPolicy, policy_path, read_policy
 
 __all__ = [
@@ -84,6 +85,14 @@ def choose_on_dev(
     return saved, "\n".join(lines[start:])
 
 
+def saved_policy_at(saved: SavedPolicy, dtype: str) -> ExitPolicy:
+    """The policy predict runs at ``dtype`` with the saved choice (``--policy saved --dtype
+    DTYPE``): the one decision of ``inference.plan``."""
+    policy = decide(Request(dtype=dtype, policy="saved").checked(), saved).policy
+    assert policy is not None  # the saved policy, on the multi-exit model it was chosen on
+    return policy
+
+
 def threshold_text(policy: ExitPolicy) -> str:
     """The policy's value as the sweep's table writes it."""
     value = policy.value
@@ -112,7 +121,7 @@ def measure_on_test(
     ``timed_examples`` sentences) of every precision's chosen policy and full depth. One
     timed sweep of every precision and the chosen thresholds, in the same rounds."""
     dtypes = [REFERENCE] + [d for d in saved.by_dtype if d != REFERENCE]
-    chosen = {d: threshold_text(saved.policy_at(d)[0]) for d in dtypes}
+    chosen = {d: threshold_text(saved_policy_at(saved, d)) for d in dtypes}
     common = ["--split", "test", "--policy", POLICY_KIND]
     accuracy_tsv = work / "early_exit_test.tsv"
     _run(
@@ -161,7 +170,7 @@ def deploy_table(saved: SavedPolicy, accuracy: Rows, timed: Rows, num_layers: in
         (REFERENCE, None, f"{REFERENCE} full depth (reference)")
     ]
     for dtype in [REFERENCE, *others, chosen]:
-        policy = saved.policy_at(dtype)[0]
+        policy = saved_policy_at(saved, dtype)
         if dtype != REFERENCE:
             plan.append((dtype, None, f"{dtype} full depth"))
         label = f"{dtype} + {short_spec(policy)}"
