@@ -1,5 +1,6 @@
-"""A child's output streamed into its log line by line (``experiment.streaming``), and the
-progress lines of fairseq-train the tools show from it (``fairseq_log.progress_kind``)."""
+"""The one seam the tools start child commands through (``experiment.commands``): a child's
+output streamed into its log line by line, the launcher, and the progress lines of
+fairseq-train the tools show from it (``fairseq_log.progress_kind``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 
 import pytest
 
+from acl_fairseq.experiment import commands
 from acl_fairseq.experiment.commands import stream_to_log
 from acl_fairseq.experiment.fairseq_log import progress_kind
 
@@ -40,7 +42,8 @@ def test_lines_arrive_as_written_into_the_log_and_the_callback(tmp_path):
     assert log.read_text(encoding="utf-8") == "".join(seen)
 
 
-def test_the_child_is_killed_when_the_caller_stops(tmp_path):
+def test_the_child_is_killed_when_the_caller_stops(tmp_path, monkeypatch):
+    monkeypatch.setattr(commands, "_launcher", None)  # the child itself, not a served one
     child = "import os, time\nprint(os.getpid())\ntime.sleep(600)"
     pids = []
 
@@ -53,6 +56,26 @@ def test_the_child_is_killed_when_the_caller_stops(tmp_path):
     with pytest.raises(ProcessLookupError):  # killed and reaped
         os.kill(pids[0], 0)
     assert (tmp_path / "log").read_text() == f"{pids[0]}\n"
+
+
+def test_the_launcher_rewrites_every_command_and_is_restored(tmp_path, monkeypatch):
+    monkeypatch.setattr(commands, "_launcher", None)
+    seen = []
+
+    def launcher(cmd):
+        seen.append(list(cmd))
+        return [sys.executable, "-c", "print('launched')"]
+
+    previous = commands.set_launcher(launcher)
+    try:
+        out = commands.run(["no-such-program", "x"], capture_output=True, text=True).stdout
+        assert out == "launched\n"
+        assert stream_to_log(["no-such-program", "y"], tmp_path / "log") == 0
+        assert (tmp_path / "log").read_text() == "launched\n"
+    finally:
+        assert commands.set_launcher(previous) is launcher
+    assert seen == [["no-such-program", "x"], ["no-such-program", "y"]]
+    assert commands.command(["a", "b"]) == ["a", "b"]  # none set: as given
 
 
 def test_progress_kind():

@@ -102,7 +102,7 @@ def test_a_model_without_shallow_exits_or_a_regression_runs_full_depth():
     got = plan(Request(), saved_choice(), shallow_exits=False)
     assert got.policy is None and "needs a multi-exit classifier" in got.why
     assert got.backend == "fairseq"  # the saved backend came with the saved policy
-    with pytest.raises(PlanError, match="has no shallow exit"):
+    with pytest.raises(PlanError, match="holds a model without shallow exits, so only full"):
         plan(Request(policy="entropy:0.3"), shallow_exits=False)
     with pytest.raises(PlanError, match="needs a classification"):
         plan(Request(policy="saved"), saved_choice(), regression=True)

@@ -43,7 +43,8 @@ from acl_fairseq.data.input_lines import (
 from acl_fairseq.early_exit.policies import ExitPolicy
 from acl_fairseq.errors import run_tool
 from acl_fairseq.inference.loader import load_for_inference
-from acl_fairseq.inference.plan import ONNXRUNTIME, Request
+from acl_fairseq.inference.plan import ONNXRUNTIME, Request, decide
+from acl_fairseq.inference.saved_policy import policy_path
 from acl_fairseq.models.heads import DEFAULT_HEAD
 from acl_fairseq.runtime.onnx_runtime import (
     BACKENDS,
@@ -152,6 +153,8 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     if args.batch_size < 1:
         raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
     request = Request(args.backend, args.dtype, args.policy).checked()  # before loading
+    if request.policy == "saved" and not policy_path(args.checkpoint).is_file():
+        decide(request, None, what=args.checkpoint)  # says that there is no saved policy
     if not Path(args.checkpoint).is_file():
         raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
     if request.backend == ONNXRUNTIME:

@@ -290,7 +290,8 @@ def from_pretrained(
         hub.example_encoder = loaded.examples
     hub.plan, hub.loaded, hub.default_policy = loaded.plan, loaded, loaded.plan.policy
     if loaded.saved_note and loaded.plan.policy is None:
-        logger.warning(f"early exit: {loaded.plan.why}")
+        logger.warning(f"early exit: full depth by default, not the saved policy: "
+                       f"{loaded.saved_note}")  # fmt: skip
     else:
         logger.info(f"early exit: {loaded.plan.why} at {loaded.plan.dtype} on {hub.backend}")
     return hub

@@ -347,10 +347,16 @@ def _plan(
     """``plan.decide`` with what the built model can do; its errors as ``CheckpointError``."""
     shallow = bool(getattr(model, "shallow_exit_layers", ())) and hasattr(model, "early_exit")
     regression = bool(getattr(getattr(task, "cfg", None), "regression_target", False))
+    kind = (
+        f"a {type(model).__name__} with one exit"
+        if not hasattr(model, "early_exit")
+        else "a multi-exit model without shallow exits (trained with --exit-layers none, as "
+        "stage 1 is)"
+    )
     try:
         return decide(
             request, saved, saved_note, shallow_exits=shallow, regression=regression,
-            what=str(path),
+            what=str(path), model_kind=kind,
         )  # fmt: skip
     except PlanError as e:
         raise CheckpointError(str(e)) from None

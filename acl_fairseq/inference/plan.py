@@ -107,10 +107,12 @@ def decide(
     shallow_exits: bool = True,
     regression: bool = False,
     what: str = "the checkpoint",
+    model_kind: str = "a model without shallow exits",
 ) -> Plan:
     """The plan for ``request`` (``Request.checked``) on a checkpoint whose saved choice is
     ``saved`` (None: no file, or one not chosen on its weights: ``saved_note`` says why), whose
-    model has shallow exits (``shallow_exits``) and is a classifier (not ``regression``).
+    model has shallow exits (``shallow_exits``) and is a classifier (not ``regression``);
+    ``what`` names the checkpoint and ``model_kind`` its model in an error.
 
     Raises:
         PlanError: a policy asked for that this model cannot run, or ``--policy saved``
@@ -126,7 +128,7 @@ def decide(
         raise PlanError(f"--policy saved: {reason}")
     early_exit_possible = shallow_exits and not regression
     if isinstance(asked, ExitPolicy) or asked == SAVED:
-        _check_early_exit(asked, shallow_exits, regression, what)
+        _check_early_exit(asked, shallow_exits, regression, f"{what} holds {model_kind}")
     from_saved = saved is not None and (asked == SAVED or (asked is None and early_exit_possible))
 
     dtype = request.dtype or (saved.dtype if saved is not None else "fp32")
@@ -167,8 +169,7 @@ def _check_early_exit(
         )
     if not shallow_exits:
         raise PlanError(
-            f"--policy {shown}: {what} has no shallow exit (a model with one exit, or a "
-            "multi-exit model trained with --exit-layers none, as stage 1 is), so only full "
-            "depth is possible: drop --policy, or use a stage-2 checkpoint (a multi-exit "
-            "criterion, --arch multi_exit_roberta*, whose exits were trained)"
+            f"--policy {shown}: {what}, so only full depth is possible: drop --policy, or use "
+            "a stage-2 checkpoint (a multi-exit criterion, --arch multi_exit_roberta*, whose "
+            "exits were trained)"
         )

@@ -172,7 +172,7 @@ class MultiExitRobertaModel(RobertaModel):
     ):
         """A ``MultiExitRobertaHubInterface`` of the checkpoint ``model_name_or_path/
         checkpoint_file``: a thin delegate, as fairseq's own ``from_pretrained`` delegates to
-        ``hub_utils``; the loading, the plan of what runs and the hub live in
+        its hub module; the loading, the plan of what runs and the hub live in
         ``acl_fairseq.inference.hub`` (``from_pretrained`` there says every argument)."""
         from ..inference.hub import from_pretrained
 
