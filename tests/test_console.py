@@ -13,6 +13,7 @@ import pytest
 from acl_fairseq.cli.compare import cli as compare_cli
 from acl_fairseq.cli.convert_bert import cli as convert_cli
 from acl_fairseq.cli.demo import cli as demo_cli
+from acl_fairseq.cli.export_hf import cli as export_hf_cli
 from acl_fairseq.cli.fewshot import cli as fewshot_cli
 from acl_fairseq.cli.glue import cli as glue_cli
 from acl_fairseq.cli.plots import cli as plots_cli
@@ -48,6 +49,7 @@ def test_run_tool_passes_the_status_and_other_errors_through(capsys, monkeypatch
 TOOLS = {
     "prepare": (prepare_cli.main, "acl-fairseq-prepare", "--task custom needs"),
     "convert_bert": (convert_cli.main, "acl-fairseq-convert-bert", "HF_DIR "),
+    "export_hf": (export_hf_cli.main, "acl-fairseq-export-hf", "missing: no such file"),
     "compare": (compare_cli.main, "acl-fairseq-compare", "give the model flags"),
     "plots": (plots_cli.main, "acl-fairseq-plots", "runs not found"),
     "fewshot": (fewshot_cli.main, "acl-fairseq-fewshot", "give the TSV and --test FILE"),
@@ -68,6 +70,7 @@ def bad_argv(tool: str, tmp_path: Path) -> list[str]:
         "prepare": ["--out-dir", str(tmp_path / "out"), "--tokenizer", "sentencepiece",
                     "--task", "custom"],
         "convert_bert": [missing, str(tmp_path / "out")],
+        "export_hf": [missing, str(tmp_path / "out")],
         "compare": [missing, "--out", str(tmp_path / "out")],
         "plots": [str(tmp_path)],
         "fewshot": ["--out", str(tmp_path / "out")],

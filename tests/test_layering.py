@@ -47,6 +47,7 @@ def test_every_tool_is_a_package_of_one_shape():
             "compare",
             "convert_bert",
             "demo",
+            "export_hf",
             "fewshot",
             "glue",
             "plots",

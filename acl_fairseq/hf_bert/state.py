@@ -1,5 +1,6 @@
-"""Hugging Face BERT -> fairseq RoBERTa: the architecture and the state-dict mapping (the
-vocabulary is in ``vocab``; ``convert`` writes the checkpoint and runs the command)."""
+"""Hugging Face BERT <-> fairseq RoBERTa: the architecture and the state-dict mapping both ways
+(``bert_state_to_fairseq`` for ``convert``, ``fairseq_state_to_bert`` for ``export``; the
+vocabulary is in ``vocab``)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ HIDDEN_ACT_TO_FAIRSEQ: dict[str, str] = {
     "gelu_pytorch_tanh": "gelu_accurate",
     "relu": "relu",
 }
+#: fairseq ``--activation-fn`` -> Hugging Face ``hidden_act`` (the way back).
+FAIRSEQ_TO_HIDDEN_ACT: dict[str, str] = {
+    "gelu": "gelu",
+    "gelu_accurate": "gelu_new",
+    "relu": "relu",
+}
 FAIRSEQ_PADDING_IDX = 1
 FAIRSEQ_LAYER_NORM_EPS = 1e-5
 #: Source keys that carry no information for the fairseq encoder (buffers, tied or NSP weights).
@@ -47,7 +54,7 @@ LAYER_MAP: dict[str, str] = {
 
 
 class ConversionError(AclValueError):
-    """The Hugging Face checkpoint cannot be converted (message says which file/field and why)."""
+    """A model cannot be converted, either way (the message says which file or field and why)."""
 
 
 @dataclass(frozen=True)
@@ -349,4 +356,59 @@ def bert_state_to_fairseq(
     leftover = sorted(k for k in state if k not in consumed and not _IGNORED_KEY_RE.search(k))
     if leftover:
         logger.warning("ignored %d checkpoint tensors: %s", len(leftover), ", ".join(leftover))
+    return out
+
+
+def fairseq_state_to_bert(
+    state: Mapping[str, torch.Tensor],
+    num_layers: int,
+    word_rows: Sequence[int] | None = None,
+    classification_head: str | None = None,
+    padding_idx: int = FAIRSEQ_PADDING_IDX,
+) -> OrderedDict[str, torch.Tensor]:
+    """A post-norm fairseq RoBERTa ``state`` as a float32 ``BertModel`` state dict of its
+    first ``num_layers`` layers (the reverse of ``bert_state_to_fairseq``): word embeddings in
+    ``word_rows`` order (default: the dictionary's), positions from row ``padding_idx + 1``
+    on, two segment rows of zeros (fairseq has no segments; the converter folded BERT's
+    segment A into the positions). With ``classification_head``: a
+    ``BertForSequenceClassification`` state dict (``bert.`` prefix; the head's ``dense`` as
+    the pooler, its ``out_proj`` as the classifier)."""
+    enc = "encoder.sentence_encoder."
+    if enc + "layer_norm.weight" in state:
+        raise ConversionError(
+            "the encoder is pre-norm (a final layer_norm, --encoder-normalize-before): BERT is "
+            "post-norm, so no BERT holds these weights"
+        )
+
+    def get(key: str) -> torch.Tensor:
+        if key not in state:
+            raise ConversionError(f"weight {key!r} is missing: not a RoBERTa/BERT encoder")
+        return state[key].detach().to(torch.float32).clone()
+
+    word = get(enc + "embed_tokens.weight")  # (V, C)
+    positions = get(enc + "embed_positions.weight")[padding_idx + 1 :]  # (P, C)
+    out: OrderedDict[str, torch.Tensor] = OrderedDict()
+    out["embeddings.word_embeddings.weight"] = word if word_rows is None else _rows(word, word_rows)
+    out["embeddings.position_embeddings.weight"] = positions.contiguous()
+    out["embeddings.token_type_embeddings.weight"] = torch.zeros(2, word.shape[1])
+    out["embeddings.LayerNorm.weight"] = get(enc + "layernorm_embedding.weight")
+    out["embeddings.LayerNorm.bias"] = get(enc + "layernorm_embedding.bias")
+    for i in range(num_layers):
+        src, dst = f"{enc}layers.{i}.", f"encoder.layer.{i}."
+        for hf_name, fs_name in LAYER_MAP.items():
+            for param in ("weight", "bias"):
+                out[f"{dst}{hf_name}.{param}"] = get(f"{src}{fs_name}.{param}")
+    if classification_head is None:
+        return out
+    head = f"classification_heads.{classification_head}."
+    if head + "dense.weight" not in state:
+        raise ConversionError(
+            f"head {classification_head!r} has no dense layer (a linear exit head): "
+            "BertForSequenceClassification has a dense + tanh pooler before its classifier"
+        )
+    out = OrderedDict((f"bert.{k}", v) for k, v in out.items())
+    out["bert.pooler.dense.weight"] = get(head + "dense.weight")
+    out["bert.pooler.dense.bias"] = get(head + "dense.bias")
+    out["classifier.weight"] = get(head + "out_proj.weight")
+    out["classifier.bias"] = get(head + "out_proj.bias")
     return out
