@@ -19,6 +19,7 @@ from acl_fairseq.cpu_features import cpu_model_name
 from acl_fairseq.early_exit.policies import EntropyPolicy, softmax_entropy
 from acl_fairseq.early_exit.thresholds import ExitLogits, simulate_exits
 from acl_fairseq.hf_bert import state as cv
+from acl_fairseq.hf_bert import vocab as hf_vocab
 from acl_fairseq.models.heads import DEFAULT_HEAD
 
 __all__ = [
@@ -87,7 +88,8 @@ def build_hf_model(hf_dir: str | None, classes: int) -> tuple[Any, list[str], di
     if hf_dir:
         path = Path(hf_dir)
         model = transformers.BertForSequenceClassification.from_pretrained(path, num_labels=classes)
-        return model.eval(), cv.read_vocab(path / "vocab.txt"), cv.read_special_tokens(path)
+        tokens = hf_vocab.read_vocab(path / "vocab.txt")
+        return model.eval(), tokens, hf_vocab.read_special_tokens(path)
     config = transformers.BertConfig(
         vocab_size=30522,
         hidden_size=384,
@@ -98,7 +100,7 @@ def build_hf_model(hf_dir: str | None, classes: int) -> tuple[Any, list[str], di
         num_labels=classes,
     )
     model = transformers.BertForSequenceClassification(config)
-    return model.eval(), synthetic_vocab(config.vocab_size), dict(cv.DEFAULT_SPECIAL_TOKENS)
+    return model.eval(), synthetic_vocab(config.vocab_size), dict(hf_vocab.DEFAULT_SPECIAL_TOKENS)
 
 
 def build_fairseq_model(
@@ -114,13 +116,13 @@ def build_fairseq_model(
 
     config = hf_model.config.to_dict()
     spec = cv.arch_from_config(config, source="hf config")
-    mapping = cv.build_vocab_mapping(vocab, special_tokens)
+    mapping = hf_vocab.build_vocab_mapping(vocab, special_tokens)
     state = cv.bert_state_to_fairseq(
         hf_model.state_dict(), spec, mapping.fairseq_to_bert, classification_head=HEAD
     )
     (work / "input0").mkdir(parents=True, exist_ok=True)
     (work / "label").mkdir(parents=True, exist_ok=True)
-    cv.write_dict(work / "input0" / "dict.txt", mapping)
+    hf_vocab.write_dict(work / "input0" / "dict.txt", mapping)
     (work / "label" / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(classes)))
     parser = options.get_training_parser()
     fs_args = options.parse_args_and_arch(

@@ -6,9 +6,11 @@ every system classifies the same ``--test`` sentences:
 
 * **HF fp32**: Hugging Face ``transformers`` ``BertModel`` (its default attention, SDPA; or
   ``--hf-attention eager``) carrying *the checkpoint's own fine-tuned weights* (mapped back
-  from fairseq: word and position embeddings, every layer, the embedding LayerNorm; LayerNorm
-  eps as trained) and the checkpoint's final head (same pooling). Its logits are checked
-  against the fairseq model's before anything is timed. The speed-up column is relative to it.
+  from fairseq by ``acl-fairseq-export-hf``'s mapping, ``acl_fairseq.hf_bert``: word and
+  position embeddings, every layer, the embedding LayerNorm; LayerNorm eps as trained) and the
+  checkpoint's final head (same pooling, mean too, which a stock BERT head cannot express).
+  Its logits are checked against the fairseq model's before anything is timed. The speed-up
+  column is relative to it.
 * **ORT int8**: that model exported with ``torch.onnx.export`` and quantized with ONNX
   Runtime's ``quantize_dynamic`` (int8 weights per channel), run by ``onnxruntime`` with the
   same thread count (the helpers of ``acl_fairseq.runtime.onnx_runtime``), as ONNX Runtime
@@ -61,7 +63,8 @@ from acl_fairseq.data.splits import load_batches
 from acl_fairseq.early_exit.calibrate import CONSTRAINTS
 from acl_fairseq.early_exit.policies import POLICIES, ExitPolicy, parse_policy
 from acl_fairseq.early_exit.thresholds import TargetError, collect_exits
-from acl_fairseq.hf_bert.state import LAYER_MAP
+from acl_fairseq.hf_bert.export import bert_config
+from acl_fairseq.hf_bert.state import fairseq_state_to_bert
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
@@ -100,42 +103,14 @@ class HfAnchor(nn.Module):
         import transformers
 
         enc = fairseq_model.encoder.sentence_encoder
-        if enc.layer_norm is not None:
-            raise ValueError("HF anchor: pre-norm models (a final layer norm) are not BERT")
-        layer0 = enc.layers[0]
+        depth = len(enc.layers)
         self.pad = int(enc.padding_idx)
-        offset = self.pad + 1  # fairseq positions start after the padding index
         config = transformers.BertConfig(
-            vocab_size=enc.embed_tokens.weight.shape[0],
-            hidden_size=enc.embed_tokens.weight.shape[1],
-            num_hidden_layers=len(enc.layers),
-            num_attention_heads=layer0.self_attn.num_heads,
-            intermediate_size=layer0.fc1.out_features,
-            max_position_embeddings=enc.embed_positions.weight.shape[0] - offset,
-            type_vocab_size=1,
-            pad_token_id=self.pad,
-            layer_norm_eps=float(layer0.final_layer_norm.eps),
-            hidden_act="gelu",
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            attn_implementation=attention,
+            **bert_config(fairseq_model, depth), attn_implementation=attention
         )
         self.bert = transformers.BertModel(config, add_pooling_layer=False).eval()
-        state = {
-            "embeddings.word_embeddings.weight": enc.embed_tokens.weight,
-            "embeddings.position_embeddings.weight": enc.embed_positions.weight[offset:],
-            "embeddings.token_type_embeddings.weight": torch.zeros(1, config.hidden_size),
-            "embeddings.LayerNorm.weight": enc.layernorm_embedding.weight,
-            "embeddings.LayerNorm.bias": enc.layernorm_embedding.bias,
-        }
-        for i, layer in enumerate(enc.layers):
-            params = dict(layer.named_parameters())
-            for hf_name, fs_name in LAYER_MAP.items():
-                for p in ("weight", "bias"):
-                    state[f"encoder.layer.{i}.{hf_name}.{p}"] = params[f"{fs_name}.{p}"]
-        missing, unexpected = self.bert.load_state_dict(
-            {k: v.detach().clone() for k, v in state.items()}, strict=False
-        )
+        state = fairseq_state_to_bert(fairseq_model.state_dict(), depth, padding_idx=self.pad)
+        missing, unexpected = self.bert.load_state_dict(state, strict=False)
         if unexpected or [k for k in missing if "position_ids" not in k]:
             raise RuntimeError(f"HF anchor: missing {missing}, unexpected {unexpected}")
         self.head = copy.deepcopy(fairseq_model.classification_heads[HEAD])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from acl_fairseq.cli import convert_bert as convert_cli
+from acl_fairseq.cli import export_hf as export_hf_cli
 from acl_fairseq.cli import glue as glue_cli
 from acl_fairseq.cli import predict as predict_cli
 from acl_fairseq.cli import prepare as prepare_cli
@@ -47,6 +48,7 @@ def test_run_tool_passes_the_status_and_other_errors_through(capsys, monkeypatch
 TOOLS = {
     "prepare": (prepare_cli.main, "acl-fairseq-prepare", "--task custom needs"),
     "convert_bert": (convert_cli.main, "acl-fairseq-convert-bert", "HF_DIR "),
+    "export_hf": (export_hf_cli.main, "acl-fairseq-export-hf", "missing: no such file"),
     "compare": (compare_cli.main, "acl-fairseq-compare", "give the model flags"),
     "plots": (plots_cli.main, "acl-fairseq-plots", "runs not found"),
     "fewshot": (fewshot_cli.main, "acl-fairseq-fewshot", "give the TSV and --test FILE"),
@@ -67,6 +69,7 @@ def bad_argv(tool: str, tmp_path: Path) -> list[str]:
         "prepare": ["--out-dir", str(tmp_path / "out"), "--tokenizer", "sentencepiece",
                     "--task", "custom"],
         "convert_bert": [missing, str(tmp_path / "out")],
+        "export_hf": [missing, str(tmp_path / "out")],
         "compare": [missing, "--out", str(tmp_path / "out")],
         "plots": [str(tmp_path)],
         "fewshot": ["--out", str(tmp_path / "out")],

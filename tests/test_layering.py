@@ -69,8 +69,8 @@ def test_imported_modules_resolves_relative_imports_and_tells_where():
 
 def test_every_tool_is_one_module_or_a_package_of_parts():
     assert TOOLS == sorted(
-        ["compare", "convert_bert", "demo", "fewshot", "glue", "plots", "predict", "prepare",
-         "sweep"]
+        ["compare", "convert_bert", "demo", "export_hf", "fewshot", "glue", "plots", "predict",
+         "prepare", "sweep"]
     )  # fmt: skip
     for folder in (p for p in CLI.iterdir() if p.is_dir() and p.name != "__pycache__"):
         parts = {p.name for p in folder.glob("*.py")} - {"__init__.py", "__main__.py"}

@@ -70,6 +70,9 @@ RUN = [  # (page, first line) of every block that runs, in page order
     ("docs/inference.md", "acl-fairseq-sweep CKPT DATA --split valid --dtypes int8,bf16,fp32 "
      "--max-accuracy-drop 1"),
     ("docs/inference.md", "from acl_fairseq.models import MultiExitRobertaModel"),  # saved policy
+    ("docs/inference.md", "acl-fairseq-export-hf checkpoints/stage2/checkpoint_best.pt hf-model"
+     "            # the final exit"),
+    ("docs/inference.md", "from transformers import pipeline"),
 ]  # fmt: skip
 SIZES = [  # (as written, as run): fewer seeds, draws and updates on the tiny data
     ("--seeds 1,2,3", "--seeds 1 --max-update 2"),
@@ -229,7 +232,7 @@ def test_the_documented_commands_run_as_written(world):
     for page, lang, text in blocks():
         if (page, key(text)) in RUN:
             out.append(run_block(lang, as_run(text, world), world["work"]))
-    path, compare, fewshot, predict, hub, sweep, saved = out
+    path, compare, fewshot, predict, hub, sweep, saved, export, classify = out
     assert (Path(world["DATA"]) / "label" / "dict.txt").is_file()  # prepared by the path
     assert (work / "bert-fairseq" / "model.pt").is_file()  # converted by the path
     assert (work / "checkpoints/stage2/checkpoint_best.pt").is_file()
@@ -242,3 +245,6 @@ def test_the_documented_commands_run_as_written(world):
     assert (work / "checkpoints/stage2/early_exit_policy.json").is_file()  # the sweep's
     assert "dtype: bf16" in sweep
     assert saved.startswith("int8 ")  # hub.dtype: the sweep's first precision is the default
+    assert "exit 1 of 2 layers as BertForSequenceClassification" in export
+    assert (work / "hf-model" / "model.safetensors").is_file()
+    assert "'label': 'pos'" in classify or "'label': 'neg'" in classify

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..data.prepared import META_FILE, read_meta
 from ..errors import AclValueError
 
 __all__ = [
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 KEY = "acl_fairseq_training_data"
-_META = "prepare_glue.json"  # acl_fairseq.data.prepared.META_FILE (not imported: no cycle)
+_META = META_FILE
 _TOKENIZER_FILES = ("gpt2_encoder_json", "gpt2_vocab_bpe", "vocab", "spm_model")
 
 
@@ -66,7 +67,6 @@ def _tokenizer_hash(
     if meta is None:
         if not (data / _META).is_file():
             return None, None
-        from acl_fairseq.data.prepared import read_meta
 
         meta = read_meta(data)
     config = dict(meta.get("tokenizer") or {})

@@ -26,15 +26,17 @@ import torch
 
 from acl_fairseq.hf_bert.state import (
     DEFAULT_HEAD,
-    TOKENIZER_FILES,
     ArchSpec,
     ConversionError,
     arch_from_config,
     bert_state_to_fairseq,
-    build_vocab_mapping,
     find_bert_prefix,
     load_hf_config,
     load_hf_state_dict,
+)
+from acl_fairseq.hf_bert.vocab import (
+    TOKENIZER_FILES,
+    build_vocab_mapping,
     read_special_tokens,
     read_vocab,
     write_dict,

@@ -1,5 +1,6 @@
-"""Hugging Face BERT -> fairseq RoBERTa: the architecture, the vocabulary and the state-dict
-mapping (see ``acl_fairseq.hf_bert.convert`` for the checkpoint and the command)."""
+"""Hugging Face BERT <-> fairseq RoBERTa: the architecture and the state-dict mapping both ways
+(``bert_state_to_fairseq`` for ``convert``, ``fairseq_state_to_bert`` for ``export``; the
+vocabulary is in ``vocab``)."""
 
 from __future__ import annotations
 
@@ -19,17 +20,6 @@ from ..models.heads import DEFAULT_HEAD
 
 logger = logging.getLogger(__name__)
 
-#: fairseq ``Dictionary`` special symbols at indices 0..3 and the BERT tokens mapped onto them.
-FAIRSEQ_SPECIALS: tuple[str, ...] = ("<s>", "<pad>", "</s>", "<unk>")
-SPECIAL_ROLES: tuple[str, ...] = ("cls_token", "pad_token", "sep_token", "unk_token")
-MASK_SYMBOL = "<mask>"
-DEFAULT_SPECIAL_TOKENS: dict[str, str] = {
-    "cls_token": "[CLS]",
-    "pad_token": "[PAD]",
-    "sep_token": "[SEP]",
-    "unk_token": "[UNK]",
-    "mask_token": "[MASK]",
-}
 #: Hugging Face ``hidden_act`` -> fairseq ``--activation-fn`` (``gelu_accurate`` is the tanh form).
 HIDDEN_ACT_TO_FAIRSEQ: dict[str, str] = {
     "gelu": "gelu",
@@ -37,13 +27,12 @@ HIDDEN_ACT_TO_FAIRSEQ: dict[str, str] = {
     "gelu_pytorch_tanh": "gelu_accurate",
     "relu": "relu",
 }
-#: Files copied verbatim so that data preparation tokenizes with the same vocabulary.
-TOKENIZER_FILES = (
-    "vocab.txt",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
+#: fairseq ``--activation-fn`` -> Hugging Face ``hidden_act`` (the way back).
+FAIRSEQ_TO_HIDDEN_ACT: dict[str, str] = {
+    "gelu": "gelu",
+    "gelu_accurate": "gelu_new",
+    "relu": "relu",
+}
 FAIRSEQ_PADDING_IDX = 1
 FAIRSEQ_LAYER_NORM_EPS = 1e-5
 #: Source keys that carry no information for the fairseq encoder (buffers, tied or NSP weights).
@@ -65,7 +54,7 @@ LAYER_MAP: dict[str, str] = {
 
 
 class ConversionError(AclValueError):
-    """The Hugging Face checkpoint cannot be converted (message says which file/field and why)."""
+    """A model cannot be converted, either way (the message says which file or field and why)."""
 
 
 @dataclass(frozen=True)
@@ -94,21 +83,6 @@ class ArchSpec:
             "--dropout", repr(self.dropout),
             "--attention-dropout", repr(self.attention_dropout),
         ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class VocabMapping:
-    """Row order of the fairseq embedding matrix: ``symbols[j]``, the BERT row it comes from
-    (``fairseq_to_bert[j]``, -1: none), and ``bert_to_fairseq[i]`` for BERT token id ``i``."""
-
-    symbols: list[str]
-    fairseq_to_bert: list[int]
-    bert_to_fairseq: list[int]
-
-    @property
-    def dict_symbols(self) -> list[str]:
-        """Symbols written to ``dict.txt`` (without the fairseq specials and ``<mask>``)."""
-        return self.symbols[len(FAIRSEQ_SPECIALS) : -1]
 
 
 # ----------------------------------------------------------------------------- reading inputs
@@ -181,29 +155,6 @@ def arch_from_config(config: Mapping[str, Any], source: str = "config.json") -> 
     )
 
 
-def read_vocab(path: Path) -> list[str]:
-    """Read a WordPiece ``vocab.txt`` exactly like ``transformers.BertTokenizer`` (line = id)."""
-    if not path.is_file():
-        raise ConversionError(f"{path} not found: the BERT WordPiece vocabulary is required")
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f.readlines()]
-
-
-def read_special_tokens(hf_dir: Path) -> dict[str, str]:
-    """Special token strings from ``special_tokens_map.json`` (BERT defaults otherwise)."""
-    tokens = dict(DEFAULT_SPECIAL_TOKENS)
-    path = hf_dir / "special_tokens_map.json"
-    if path.is_file():
-        data = json.loads(path.read_text(encoding="utf-8"))
-        for role in tokens:
-            value = data.get(role)
-            if isinstance(value, dict):
-                value = value.get("content")
-            if isinstance(value, str):
-                tokens[role] = value
-    return tokens
-
-
 def load_hf_state_dict(hf_dir: Path) -> dict[str, torch.Tensor]:
     """Load all tensors of a Hugging Face checkpoint (safetensors or pickle, maybe sharded)."""
 
@@ -229,76 +180,6 @@ def load_hf_state_dict(hf_dir: Path) -> dict[str, torch.Tensor]:
         f"no weights in {hf_dir}: expected model.safetensors, pytorch_model.bin or a sharded "
         "*.index.json (re-save the model with save_pretrained)"
     )
-
-
-# ----------------------------------------------------------------------------- vocabulary
-
-
-def build_vocab_mapping(
-    vocab: Sequence[str], special_tokens: Mapping[str, str] | None = None
-) -> VocabMapping:
-    """BERT's vocabulary as a fairseq dictionary: its specials as ``<s> <pad> </s> <unk>``,
-    the rest in id order, ``<mask>`` last; a token ``dict.txt`` cannot hold keeps its row as
-    ``<bert_unreachable_ID>``."""
-    special_tokens = {**DEFAULT_SPECIAL_TOKENS, **(special_tokens or {})}
-    last_index = {tok: i for i, tok in enumerate(vocab)}  # later duplicates win, as in BERT
-    special_ids: list[int] = []
-    for role in SPECIAL_ROLES:
-        token = special_tokens[role]
-        if token not in last_index:
-            raise ConversionError(
-                f"vocab.txt has no {role} {token!r}; fix special_tokens_map.json or the vocabulary"
-            )
-        special_ids.append(last_index[token])
-    mask_id = last_index.get(special_tokens["mask_token"], -1)
-    if mask_id < 0:
-        logger.warning(
-            "vocab.txt has no mask_token %r: <mask> is initialised with the mean embedding",
-            special_tokens["mask_token"],
-        )
-    taken = set(special_ids) | {mask_id}
-    if len(taken - {-1}) != len(SPECIAL_ROLES) + (mask_id >= 0):
-        raise ConversionError(f"vocab.txt: special tokens {special_tokens} share a token id")
-
-    reserved = set(FAIRSEQ_SPECIALS) | {MASK_SYMBOL}
-    symbols = list(FAIRSEQ_SPECIALS)
-    fairseq_to_bert = list(special_ids)
-    renamed: list[str] = []
-    used = set(symbols) | set(vocab)
-    for i, tok in enumerate(vocab):
-        if i in taken:
-            continue
-        name = tok
-        if not tok or any(ch.isspace() for ch in tok) or tok in reserved or last_index[tok] != i:
-            name = f"<bert_unreachable_{i}>"
-            while name in used:
-                name = "_" + name
-            used.add(name)
-            renamed.append(f"{i}:{tok!r}")
-        symbols.append(name)
-        fairseq_to_bert.append(i)
-    symbols.append(MASK_SYMBOL)
-    fairseq_to_bert.append(mask_id)
-    if renamed:
-        logger.warning(
-            "%d vocab.txt tokens cannot appear in a fairseq dict.txt and were renamed "
-            "<bert_unreachable_ID> (their embeddings are kept): %s",
-            len(renamed),
-            ", ".join(renamed[:20]) + (" ..." if len(renamed) > 20 else ""),
-        )
-
-    bert_to_fairseq = [-1] * len(vocab)
-    for j, i in enumerate(fairseq_to_bert):
-        if i >= 0:
-            bert_to_fairseq[i] = j
-    return VocabMapping(symbols, fairseq_to_bert, bert_to_fairseq)
-
-
-def write_dict(path: Path, mapping: VocabMapping) -> None:
-    """Write ``dict.txt`` (``SYMBOL 1`` per line; fairseq adds the specials and ``<mask>``)."""
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for sym in mapping.dict_symbols:
-            f.write(f"{sym} 1\n")
 
 
 # ----------------------------------------------------------------------------- weights
@@ -475,4 +356,59 @@ def bert_state_to_fairseq(
     leftover = sorted(k for k in state if k not in consumed and not _IGNORED_KEY_RE.search(k))
     if leftover:
         logger.warning("ignored %d checkpoint tensors: %s", len(leftover), ", ".join(leftover))
+    return out
+
+
+def fairseq_state_to_bert(
+    state: Mapping[str, torch.Tensor],
+    num_layers: int,
+    word_rows: Sequence[int] | None = None,
+    classification_head: str | None = None,
+    padding_idx: int = FAIRSEQ_PADDING_IDX,
+) -> OrderedDict[str, torch.Tensor]:
+    """A post-norm fairseq RoBERTa ``state`` as a float32 ``BertModel`` state dict of its
+    first ``num_layers`` layers (the reverse of ``bert_state_to_fairseq``): word embeddings in
+    ``word_rows`` order (default: the dictionary's), positions from row ``padding_idx + 1``
+    on, two segment rows of zeros (fairseq has no segments; the converter folded BERT's
+    segment A into the positions). With ``classification_head``: a
+    ``BertForSequenceClassification`` state dict (``bert.`` prefix; the head's ``dense`` as
+    the pooler, its ``out_proj`` as the classifier)."""
+    enc = "encoder.sentence_encoder."
+    if enc + "layer_norm.weight" in state:
+        raise ConversionError(
+            "the encoder is pre-norm (a final layer_norm, --encoder-normalize-before): BERT is "
+            "post-norm, so no BERT holds these weights"
+        )
+
+    def get(key: str) -> torch.Tensor:
+        if key not in state:
+            raise ConversionError(f"weight {key!r} is missing: not a RoBERTa/BERT encoder")
+        return state[key].detach().to(torch.float32).clone()
+
+    word = get(enc + "embed_tokens.weight")  # (V, C)
+    positions = get(enc + "embed_positions.weight")[padding_idx + 1 :]  # (P, C)
+    out: OrderedDict[str, torch.Tensor] = OrderedDict()
+    out["embeddings.word_embeddings.weight"] = word if word_rows is None else _rows(word, word_rows)
+    out["embeddings.position_embeddings.weight"] = positions.contiguous()
+    out["embeddings.token_type_embeddings.weight"] = torch.zeros(2, word.shape[1])
+    out["embeddings.LayerNorm.weight"] = get(enc + "layernorm_embedding.weight")
+    out["embeddings.LayerNorm.bias"] = get(enc + "layernorm_embedding.bias")
+    for i in range(num_layers):
+        src, dst = f"{enc}layers.{i}.", f"encoder.layer.{i}."
+        for hf_name, fs_name in LAYER_MAP.items():
+            for param in ("weight", "bias"):
+                out[f"{dst}{hf_name}.{param}"] = get(f"{src}{fs_name}.{param}")
+    if classification_head is None:
+        return out
+    head = f"classification_heads.{classification_head}."
+    if head + "dense.weight" not in state:
+        raise ConversionError(
+            f"head {classification_head!r} has no dense layer (a linear exit head): "
+            "BertForSequenceClassification has a dense + tanh pooler before its classifier"
+        )
+    out = OrderedDict((f"bert.{k}", v) for k, v in out.items())
+    out["bert.pooler.dense.weight"] = get(head + "dense.weight")
+    out["bert.pooler.dense.bias"] = get(head + "dense.bias")
+    out["classifier.weight"] = get(head + "out_proj.weight")
+    out["classifier.bias"] = get(head + "out_proj.bias")
     return out
