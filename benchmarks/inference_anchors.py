@@ -76,6 +76,7 @@ from acl_fairseq.runtime.onnx_runtime import (
     ort_session,
     quantize_int8,
     require_onnxruntime,
+    weight_bits,
 )
 from acl_fairseq.runtime.precision import check_precision, prepare_for_inference
 from benchmarks.common import checkpoint_parser
@@ -147,7 +148,11 @@ def ort_int8(anchor: HfAnchor, sample: Tensor, work: Path) -> tuple[Path | None,
     names = ["input_ids", "attention_mask"]
     export_onnx(anchor, (sample, mask), fp32, names, ["logits"], {**axes, "logits": {0: "batch"}})
     quantize_int8(fp32, int8)
-    return int8, f"ONNX Runtime {onnxruntime.__version__}, int8 dynamic quantization (per channel)"
+    bits = weight_bits()
+    return int8, (
+        f"ONNX Runtime {onnxruntime.__version__}, int8 dynamic quantization (per channel, "
+        f"{bits}-bit weights)"
+    )
 
 
 def ort_runner(

@@ -14,6 +14,7 @@ from acl_fairseq.cli import predict as predict
 from acl_fairseq.data.splits import load_batches
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.models.heads import DEFAULT_HEAD
+from acl_fairseq.runtime.onnx_runtime import segment_tag
 
 from predict_helpers import (  # noqa: F401  (trained, timing_guard: fixtures)
     MULTI_EXIT,
@@ -288,7 +289,8 @@ def test_onnxruntime_backend_equals_the_fairseq_backend(trained, tmp_path, monke
     code, int8, err = run_predict(trained["ckpt"], *ort, "--dtype", "int8", stdin=text)
     assert code == 0 and "dtype: int8" in err, err
     assert len(int8.splitlines()) == len(trained["rows"])
-    assert any(p.name.endswith(".int8.onnx") for p in cache.rglob("*.onnx"))
+    tag = segment_tag("int8")
+    assert any(p.name.endswith(f".{tag}.onnx") for p in cache.rglob("*.onnx"))
 
     ckpt = tmp_path / "model" / trained["ckpt"].name  # own folder: the fixture's stays bare
     ckpt.parent.mkdir()

@@ -21,7 +21,8 @@ compare it with.
 
 Exported files are cached under the folder given, in a folder named by the model's content
 fingerprint (``checkpoint.fingerprint``), its head and the export format; one file per
-segment and precision (``layers{FIRST}-{LAST}.{dtype}.onnx``), so exit sets that share a segment
+segment and precision (``layers{FIRST}-{LAST}.{TAG}.onnx``, ``segment_tag``: int8 with 7-bit
+weights on a CPU without VNNI is its own file), so exit sets that share a segment
 share its file and a second load exports nothing. onnxruntime is optional and imported lazily.
 """
 
@@ -42,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoint.fingerprint import model_fingerprint
+from ..cpu_features import has_vnni
 from ..early_exit.policies import ExitPolicy, as_policy
 from ..errors import AclFairseqError, AclValueError
 from .precision import model_precision
@@ -117,16 +119,35 @@ def export_onnx(
     module.eval()  # the exporter restores the module's mode: keep it in eval mode
 
 
-def quantize_int8(source: Path, target: Path) -> None:
+def weight_bits() -> int:
+    """The bits of the int8 segments' weights on this CPU: 8 with 8-bit dot-product
+    instructions (``cpu_features.has_vnni``), else 7: without them the u8 x s8 products are
+    summed in pairs into 16 bits, which saturate with full-range weights (ONNX Runtime's
+    ``reduce_range``; on an AVX2 CPU full-range int8 changed a quarter of a tiny model's
+    predictions)."""
+    return 8 if has_vnni() else 7
+
+
+def segment_tag(dtype: str) -> str:
+    """A segment file's precision tag: ``fp32``, ``int8`` (8-bit weights) or ``int8w7``."""
+    return "int8w7" if dtype == "int8" and weight_bits() == 7 else dtype
+
+
+def quantize_int8(source: Path, target: Path, bits: int | None = None) -> None:
     """ONNX Runtime's dynamic quantization of ``source`` into ``target``: int8 weights per
-    channel, activations quantized at run time."""
+    channel with ``bits`` of range (default: ``weight_bits()``), activations quantized at run
+    time."""
     require_onnxruntime()
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    reduce_range = (bits or weight_bits()) == 7
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # the quantizer's notes on every tensor, to the root logger
     try:
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True)
+        quantize_dynamic(
+            str(source), str(target), weight_type=QuantType.QInt8, per_channel=True,
+            reduce_range=reduce_range,
+        )  # fmt: skip
     finally:
         logging.disable(previous)
 
@@ -305,7 +326,7 @@ class OrtEarlyExit:
         from ..checkpoint.atomic_files import replace_atomically
 
         dtype = dtype or self.dtype
-        path = self.folder / f"layers{first}-{last}.{dtype}.onnx"
+        path = self.folder / f"layers{first}-{last}.{segment_tag(dtype)}.onnx"
         if path.is_file():
             return path
         self.folder.mkdir(parents=True, exist_ok=True)
