@@ -5,7 +5,7 @@
 over every exit), ``calibrate`` / ``calibration_search`` / ``learned_calibration`` /
 ``risk_control`` (policies fitted to a split for a target) and ``table`` (the sweep table's
 file). The loop that runs a policy is ``runtime.torch_loop`` (``runtime.onnx_runtime`` on
-ONNX Runtime); its row bookkeeping, shared by both, is ``running_rows``.
+ONNX Runtime); its row bookkeeping, shared by both, is ``runtime.rows``.
 """
 
 # isort: off

@@ -1,2 +1,4 @@
-"""A fine-tuned checkpoint at inference: the one loader, its precisions (fp32 / bf16 / int8),
-the early-exit policy saved with it and chosen per precision, and speed measured over policies."""
+"""A fine-tuned checkpoint at inference: the one loader, the one decision of what runs
+(backend, precision, policy: ``plan``), the hub, the early-exit policy saved with a checkpoint
+and chosen per precision, and speed measured over policies. What runs the model is
+``acl_fairseq.runtime``."""

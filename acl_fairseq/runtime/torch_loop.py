@@ -15,7 +15,7 @@ It mirrors ``TransformerEncoder.forward`` layer by layer and keeps the work per 
   backend ``runtime.onnx_runtime``): one host sync per shallow exit (does any row leave?)
   and, only where some row leaves and more than one row runs, a second one (how many rows
   stay and, with padding, the new width); the batch is compacted only when some row leaves;
-* one unpadded row (batch 1) takes ``early_exit_row.run_single_row``: four or five tensor ops
+* one unpadded row (batch 1) takes ``torch_row.run_single_row``: four or five tensor ops
   per exit instead of about twenty, the built-in kinds deciding on the host (the same
   numbers); a single running row of a batch stops at its exit with no row bookkeeping;
 * ``mean`` pooling uses weights computed once (``pooling.MeanWeights``).
@@ -63,7 +63,7 @@ def run_early_exit(
         src_tokens: B x T token ids.
         policy: the exit policy (``ValueError`` when it names an exit the model lacks).
         head_name: the head group.
-        single_row: one unpadded row takes the batch-1 path (``early_exit_row``); False runs
+        single_row: one unpadded row takes the batch-1 path (``torch_row``); False runs
             the general loop (the reference the tests compare it with).
     Returns:
         ``EarlyExitResult(predictions B, exit_layers B, logits B x K)``.
