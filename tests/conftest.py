@@ -106,3 +106,21 @@ def _served_tool_commands(monkeypatch):
     """The tools' fairseq-train / fairseq-validate commands forked from one process that has
     imported fairseq (tests/fork_server.py)."""
     serve_tools(monkeypatch)
+
+
+@pytest.fixture
+def plugin_run(monkeypatch):
+    """This process counts as a plugin run (fairseq_patches.mark_in_use): the guard rails act on
+    fairseq's functions called in-process, as they do once fairseq-train builds the plugin's task,
+    criterion or model. Reset after the test: nothing leaks into the next one."""
+    from acl_fairseq import fairseq_patches
+
+    monkeypatch.setattr(fairseq_patches, "_in_use", {"test"})
+
+
+@pytest.fixture
+def stock_run(monkeypatch):
+    """This process counts as a stock fairseq run: none of the plugin's components built."""
+    from acl_fairseq import fairseq_patches
+
+    monkeypatch.setattr(fairseq_patches, "_in_use", set())

@@ -30,6 +30,10 @@ ACL_TRAIN = train_args(criterion="acl_embed", batch_size=8, max_update=2, no_epo
 CONVERTER = "acl-fairseq-convert-bert HF_DIR OUTDIR"
 NOT_FAIRSEQ = "A fairseq checkpoint is a torch file holding a dict with 'model'"
 
+# fairseq's functions called in this process act as in a plugin run (the other runs are
+# fairseq-train commands, stock or plugin, in their own process)
+pytestmark = pytest.mark.usefixtures("plugin_run")
+
 
 # ------------------------------------------------------- 1. --restore-file that does not exist
 def restore_cfg(save_dir: Path, restore_file: str) -> SimpleNamespace:

@@ -371,11 +371,12 @@ ONE_PROCESS_DDP = """
 import torch, torch.distributed as dist
 from argparse import Namespace
 from torch.nn.parallel import DistributedDataParallel
-import acl_fairseq
+from acl_fairseq import fairseq_patches
 from acl_fairseq.acl_grad import AclGrad, AclGradSettings, LossTerms
 from acl_fairseq.distributed import find_ddp
 from fairseq.models import DistributedFairseqModel
 
+fairseq_patches.mark_in_use("task")  # as fairseq-train does once it builds the plugin's task
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 args = Namespace(tpu=False, ddp_backend="pytorch_ddp", device_id=0, broadcast_buffers=False,
                  bucket_cap_mb=25, find_unused_parameters=False, gradient_as_bucket_view=False,
@@ -423,8 +424,9 @@ def test_cpu_ddp_shim_and_the_static_graph_refusal_in_one_process():
 DAEMON_IN_TORCH_AT_EXIT = """
 import sys, torch
 from fairseq.data.iterators import BufferedIterator
-if sys.argv[1] == "plugin":
-    import acl_fairseq  # noqa: F401
+if sys.argv[1] == "plugin":  # a plugin run: fairseq-train has built the plugin's task
+    from acl_fairseq import fairseq_patches
+    fairseq_patches.mark_in_use("task")
 
 class Batches:  # a collater busy inside torch operators, as with a big batch
     def __len__(self):
@@ -472,7 +474,7 @@ def test_stop_data_threads_ends_a_consumer_blocked_on_a_full_queue():
     assert not thread.is_alive()
 
 
-def test_workers_destroy_their_process_group_when_the_command_returns(monkeypatch):
+def test_workers_destroy_their_process_group_when_the_command_returns(monkeypatch, plugin_run):
     """fairseq's ``distributed_main`` returns with the group alive; the plugin's destroys it
     (after stopping the data threads), also when spawned (a module-level function)."""
     from fairseq.distributed import utils
@@ -490,7 +492,7 @@ def test_workers_destroy_their_process_group_when_the_command_returns(monkeypatc
     assert _distributed_main.__module__ == "acl_fairseq.distributed"
 
 
-def test_a_worker_that_stops_on_an_error_destroys_its_process_group_too(monkeypatch):
+def test_a_worker_that_stops_on_an_error_destroys_its_process_group_too(monkeypatch, plugin_run):
     """A worker whose command raises (e.g. another run holds --save-dir) tears down as well,
     then the error goes on unchanged: no gloo thread is left alive at exit to abort it."""
     from fairseq.distributed import utils

@@ -237,7 +237,7 @@ def test_a_linear_model_still_exports_its_final_exit(tmp_path):
 def test_sentencepiece_export_gives_the_models_ids_and_logits(tmp_path):
     """A unigram model trained as ``acl-fairseq-prepare`` trains it, its dictionary (every
     piece, padded with ``madeupword``s): the same segmentation, unknown characters included."""
-    from acl_fairseq.data.tokenize import sentencepiece_dictionary, train_sentencepiece
+    from acl_fairseq.data.tokenizer.parallel import sentencepiece_dictionary, train_sentencepiece
 
     from fairseq_helpers import write_tsv
 
@@ -378,7 +378,7 @@ def tiny_trained(tmp_path_factory) -> dict:
 def run_predict(*argv: str, stdin: str) -> list[list[str]]:
     import io
 
-    from acl_fairseq.cli.predict import cli as predict
+    from acl_fairseq.cli import predict
 
     out, err = io.StringIO(), io.StringIO()
     assert predict.main(list(argv), io.StringIO(stdin), out, err) == 0, err.getvalue()
@@ -417,7 +417,7 @@ def test_the_round_trip_through_convert_bert_predicts_the_same(tiny_trained, tmp
     encoding text with its tokenizer and dictionary as preparation would: the same logits."""
     from fairseq import checkpoint_utils
 
-    from acl_fairseq.cli.convert_bert import cli as convert_cli
+    from acl_fairseq.cli import convert_bert as convert_cli
     from acl_fairseq.data.tokenizer.flags import model_folder_tokenizer
 
     from fairseq_helpers import fairseq_setup

@@ -306,7 +306,7 @@ def test_a_run_finished_by_max_epoch_says_so(sentiment_data, tmp_path):
 
 
 # ------------------------------------------------------------------ 3. whole checkpoint files
-def test_an_interrupted_copy_leaves_the_old_file(tmp_path, monkeypatch):
+def test_an_interrupted_copy_leaves_the_old_file(tmp_path, monkeypatch, plugin_run):
     src, dst = tmp_path / "checkpoint_1_4.pt", tmp_path / "checkpoint_last.pt"
     src.write_bytes(b"new" * 1000)
     dst.write_bytes(b"old")
@@ -327,7 +327,7 @@ def test_an_interrupted_copy_leaves_the_old_file(tmp_path, monkeypatch):
     ]  # fmt: skip
 
 
-def test_an_interrupted_torch_save_leaves_the_old_file(tmp_path, monkeypatch):
+def test_an_interrupted_torch_save_leaves_the_old_file(tmp_path, monkeypatch, plugin_run):
     path = tmp_path / "checkpoint_last.pt"
     checkpoint_utils.torch_persistent_save({"model": {"w": torch.zeros(3)}}, str(path))
     before = path.read_bytes()

@@ -263,3 +263,7 @@ def train(argv: Sequence[str], env: Mapping[str, str]) -> int:
     for stage in stages:
         print(f"# {stage.title}\n{shell_command(stage.command)}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
