@@ -124,3 +124,12 @@ def stock_run(monkeypatch):
     from acl_fairseq import fairseq_patches
 
     monkeypatch.setattr(fairseq_patches, "_in_use", set())
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors: a second OpenMP thread only adds wake-up latency on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -97,15 +97,6 @@ def _fake_batches() -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tens
     return batches, torch.stack([exit_at, label, target], dim=1)
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny tensors: a second OpenMP thread only adds wake-up latency on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_sweep_table_maths_on_fake_model(tmp_path: Path, one_thread) -> None:
     batches, rows = _fake_batches()
     exit_at, label, target = rows.unbind(1)
