@@ -44,7 +44,6 @@ Example (a BERT converted by acl-fairseq-convert-bert into M/)::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shlex
@@ -52,6 +51,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from acl_fairseq.atomic_write import write_json, write_text
 from acl_fairseq.cli import HelpFormatter
 from acl_fairseq.data.binarize import Options, prepare_tasks
 from acl_fairseq.data.splits import check_disjoint, fewshot_train_dev
@@ -221,7 +221,7 @@ def prepare_draw(out: Path, name: str, splits: dict[str, list[Row]], opts: Optio
         )
     raw.mkdir(parents=True, exist_ok=True)
     for split, text in texts.items():
-        (raw / f"{split}.tsv").write_text(text, encoding="utf-8")
+        write_text(raw / f"{split}.tsv", text)
     inputs = len(splits["train"][0]) - 1
     task = tsv_task(name, raw / "train.tsv", raw / "dev.tsv", raw / "test.tsv",
                     tuple(range(1, inputs + 1)), inputs + 1, labels=labels)  # fmt: skip
@@ -247,13 +247,13 @@ def write_report(
     table = report(results, test_size)
     if leaks:
         table += "\n" + "".join(f"**Warning**: {leak}\n" for leak in leaks)
-    (out / "fewshot.md").write_text(table, encoding="utf-8")
+    write_text(out / "fewshot.md", table)
     draws = [{"per_class": r.per_class, "draw": r.draw, "method": r.method, "lr": r.lr,
               "dev": r.dev, "test": r.test, "dev_by_lr": r.dev_by_lr,
               "test_by_lr": r.test_by_lr} for r in results]  # fmt: skip
     payload = {"test_size": test_size, "draws": draws, "comparisons": comparison_rows(results)}
     payload["warnings"] = list(leaks)
-    (out / "fewshot.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    write_json(out / "fewshot.json", payload)
     return table
 
 
