@@ -23,6 +23,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ from .errors import AclOSError
 __all__ = [
     "TMP_SUFFIX",
     "describe_failure",
+    "file_system_error",
     "open_atomic",
     "replace_atomically",
     "write_json",
@@ -156,9 +158,30 @@ def write_with(path: str | Path, write: Callable[[str], None], intact: str = "")
         replace_atomically(path, write)
     except AclOSError:
         raise
-    except OSError as e:
-        raise AclOSError(describe_failure(path, e, existed, intact)) from e
+    except Exception as e:
+        cause = file_system_error(e)
+        if cause is None:
+            raise
+        raise AclOSError(describe_failure(path, cause, existed, intact)) from e
     return path
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # a Rust io::Error (safetensors, tokenizers)
+
+
+def file_system_error(error: BaseException) -> OSError | None:
+    """The file system error behind ``error``: itself, one it was raised from, or the
+    ``os error N`` a library's message names (safetensors, tokenizers); else None."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return seen
+        match = _OS_ERROR.search(str(seen))
+        if match:
+            number = int(match.group(1))
+            return OSError(number, os.strerror(number))
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def write_text(path: str | Path, text: str) -> Path:
