@@ -13,6 +13,7 @@ the same path). The table is the one in docs/results.md ("Writes under faults").
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -279,7 +280,7 @@ def test_every_write_leaves_the_old_file_or_the_new_one_whole(tiny, tmp_path):
                 w.write(folder, 0)
             path = folder / w.name
             old = path.read_bytes() if w.replaces else None
-            killed, error = in_child(lambda: w.write(folder, 1), fault, limit)
+            killed, error = in_child(functools.partial(w.write, folder, 1), fault, limit)
             now = path.read_bytes() if path.is_file() else None
             left = sorted(p.name for p in folder.iterdir() if p.name.endswith(TMP_SUFFIX))
             try:  # what is there after the fault reads back (no file: nothing to read)
