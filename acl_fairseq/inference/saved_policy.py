@@ -72,6 +72,7 @@ class SavedPolicy:
         chosen = self.fields.get("chosen_by") or {}
         values = {"dtype": self.dtype, **chosen, **self.fields}
         keys = ("dtype", "backend", "target", "constraint", "split", "accuracy", "layer_speedup")
+        keys += ("warning",)  # the sweep's, on a policy that ignores the row
         return ", ".join(f"{k} {values[k]}" for k in keys if k in values)
 
     def backend_at(self, dtype: str | None = None) -> str | None:
