@@ -34,6 +34,7 @@ from .errors import AclOSError
 __all__ = [
     "TMP_SUFFIX",
     "describe_failure",
+    "failure_reason",
     "file_system_error",
     "open_atomic",
     "replace_atomically",
@@ -114,12 +115,17 @@ def _size(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def failure_reason(error: OSError) -> str:
+    """Why the file system refused a write, in a few words (``no space left on the disk``)."""
+    return _DISK.get(error.errno or 0, error.strerror or str(error))
+
+
 def describe_failure(path: str | Path, error: OSError, existed: bool, intact: str = "") -> str:
     """One line: ``path`` could not be written because of ``error`` (a file system error), on
     which disk, and what is left: the previous file (``existed``) intact, or no file;
     ``intact``: a note on another file that is intact (a checkpoint's previous one)."""
     path = Path(path)
-    reason = _DISK.get(error.errno or 0, error.strerror or str(error))
+    reason = failure_reason(error)
     where = ""
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         mount = _mount_point(path.parent)

@@ -166,7 +166,8 @@ def test_a_sweep_on_a_split_too_small_deploys_nothing(trained, tmp_path, capsys,
         assert len(err) == 1 and re.match(
             rf"acl-fairseq-sweep: error: --split valid \(--max-examples {rows}\) has {rows} "
             r"rows? \(class 0: \d, class 1: \d\): choosing an early-exit policy needs at least 5 "
-            r"rows of each of the 2 classes: use a larger split", err[0]
+            r"rows of each of the 2 classes: use a larger split",
+            err[0],
         ), err
         assert (tmp_path / POLICY_FILE).read_bytes() == before
 
