@@ -133,6 +133,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """Every number and list of the command line, before anything is read or trained."""
     if args.tsv is None or (args.test is None and args.test_size is None):
         raise FewshotError("give the TSV and --test FILE or --test-size N (or --report-only)")
+    check_out(args.out)
     unknown = [m for m in args.methods if m not in fewshot.METHODS]
     if unknown:
         raise FewshotError(f"--methods: {', '.join(unknown)}; expected some of "
@@ -162,6 +163,14 @@ def check_flags(args: argparse.Namespace) -> None:
         fewshot.protocol_extra(args.extra)
     except ValueError as e:
         raise FewshotError(f"--extra {args.extra!r}: {e}") from None
+
+
+def check_out(out: Path) -> None:
+    """``--out`` is a folder, or not there yet (it is made)."""
+    if out.exists() and not out.is_dir():
+        raise FewshotError(
+            f"--out {out}: a file, not a folder: give a folder for the study (made if missing)"
+        )
 
 
 def model_and_tokenizer(args: argparse.Namespace):
@@ -287,6 +296,7 @@ def shared_texts(out: Path, grid: dict) -> list[str]:
 
 def report_only(args: argparse.Namespace) -> str:
     """The table of ``--out``'s finished runs, at the grid of its last run."""
+    check_out(args.out)
     out = args.out.resolve()
     grid = record.recorded_grid(out, build_parser().parse_args)
     try:
@@ -317,6 +327,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> str:
     opts = Options(out_dir=out / "data", tokenizer=config, srcdict=srcdict, workers=args.workers,
                    spm_vocab_size=args.spm_vocab_size,
                    spm_character_coverage=args.spm_character_coverage)  # fmt: skip
+    positions = fewshot.model_positions(model, fewshot.protocol_extra(args.extra))
     results = []
     for k in args.per_class:
         for draw in range(1, args.draws + 1):
@@ -328,6 +339,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> str:
             except ValueError as e:
                 raise FewshotError(f"draw {name}: {e}") from None
             data = prepare_draw(out, name, splits, opts, labels)
+            fewshot.check_positions(data, name, positions, args.extra)  # before any training
             for lr in args.lrs:
                 run_compare(fewshot.compare_args(
                     data, fewshot.runs_folder(out, k, draw, lr), draw, lr, args.methods,
