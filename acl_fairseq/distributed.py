@@ -20,7 +20,8 @@ all but the checkpoint broadcast act on plugin runs only):
   ("terminate called without an active exception", now and then after a run that
   succeeded); and ``distributed_main`` returns with the process group alive. Installed when
   the plugin is imported, :func:`teardown` stops those threads and destroys the group when a
-  worker's command returns (the threads again at exit).
+  worker's command returns (the threads again at exit). A worker whose collective failed
+  because a peer died says which rank in one line (``launch.peer_lost``).
 * :func:`call_through_wrappers`: DDP reduces the gradients of a backward pass only when the
   forward went through ``DistributedDataParallel.forward`` (which prepares its reducer).
   A model method other than ``forward`` reached through fairseq's ``ModuleProxyWrapper``
@@ -66,6 +67,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .errors import AclRuntimeError, AclValueError
+from .launch import peer_lost
 
 __all__ = [
     "CpuDistributedDataParallel",
@@ -180,10 +182,14 @@ def _distributed_main(i: int, main: Any, cfg: Any, kwargs: dict) -> None:
     fairseq_main = getattr(utils.distributed_main, "__wrapped__", utils.distributed_main)
     try:
         fairseq_main(i, main, cfg, kwargs)
-    except BaseException:  # a worker that stops on an error tears down too, then re-raises
-        if _acts["teardown"]():
-            with contextlib.suppress(Exception):
-                teardown()
+    except BaseException as e:  # a worker that stops on an error tears down too, then re-raises
+        if not _acts["teardown"]():
+            raise
+        lost = peer_lost(e)  # a peer that died: named in one line (asks the job's store first)
+        with contextlib.suppress(Exception):
+            teardown()
+        if lost is not None:
+            raise AclRuntimeError(lost) from None
         raise
     if _acts["teardown"]():  # a stock run ends as fairseq ends it
         teardown()

@@ -22,6 +22,7 @@ __all__ = [
     "AclFairseqError",
     "AclFileNotFoundError",
     "AclIsADirectoryError",
+    "AclOSError",
     "AclRuntimeError",
     "AclValueError",
     "install_excepthook",
@@ -48,6 +49,11 @@ class AclFileNotFoundError(AclFairseqError, FileNotFoundError):
 
 class AclIsADirectoryError(AclFairseqError, IsADirectoryError):
     """A flag names a folder where a file is needed."""
+
+
+class AclOSError(AclFairseqError, OSError):
+    """A file that could not be written or read (a full disk, a read-only folder): the
+    message names the file, the disk and what was left as it was."""
 
 
 class AclRuntimeError(AclFairseqError, RuntimeError):

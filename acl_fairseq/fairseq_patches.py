@@ -8,10 +8,11 @@ runs it acts on:
   (``weights_only``): the checkpoint loader and the broadcast of a loaded checkpoint to the
   other workers. Stock fairseq fails there; nothing else about a stock run changes.
 * **plugin runs**: everything else, the guard rails (the ``--save-dir`` checks and lock,
-  checkpoint files that appear whole, one-line errors) and the CPU data-parallel pieces. A run
-  is a plugin run once it builds the plugin's task, criterion or model, or loads a checkpoint
-  for inference through the plugin (:func:`mark_in_use`); a run whose task, criterion and
-  architecture are all stock fairseq runs as stock fairseq.
+  checkpoint files that appear whole, one-line errors), the CPU data-parallel pieces and the
+  launch of several processes. A run is a plugin run once its config names the plugin's task,
+  criterion or architecture (:func:`names_plugin`, before anything is built), it builds one of
+  them, or it loads a checkpoint for inference through the plugin (:func:`mark_in_use`); a run
+  whose task, criterion and architecture are all stock fairseq runs as stock fairseq.
 
 ``ACL_FAIRSEQ_GUARD_RAILS`` sets the scope of the guard rails: ``plugin`` (the default: plugin
 runs), ``all`` (a stock run opts in), ``off`` (none, also for plugin runs). docs/usage.md,
@@ -25,8 +26,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from . import distributed, errors
+from . import distributed, errors, launch
 from .checkpoint import atomic_files, safe_loading, save_dir
 from .errors import AclValueError
 
@@ -87,6 +89,33 @@ def plugin_run() -> bool:
     return in_use()
 
 
+def names_plugin(cfg: Any) -> bool:
+    """Whether fairseq's config ``cfg`` names the plugin's task, criterion or architecture
+    (before any of them is built: a plugin run to be)."""
+    from fairseq.criterions import CRITERION_REGISTRY
+    from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
+    from fairseq.tasks import TASK_REGISTRY
+
+    def name(section: str) -> str | None:
+        part = getattr(cfg, section, None)
+        return getattr(part, "_name", None) or getattr(part, "arch", None)
+
+    found = [
+        TASK_REGISTRY.get(name("task") or ""),
+        CRITERION_REGISTRY.get(name("criterion") or ""),
+        ARCH_MODEL_REGISTRY.get(name("model") or "") or MODEL_REGISTRY.get(name("model") or ""),
+    ]
+    return any((getattr(c, "__module__", "") or "").startswith("acl_fairseq") for c in found)
+
+
+def guard_rails_for(cfg: Any) -> bool:
+    """:func:`guard_rails` for a run about to start from ``cfg``: a config that names the
+    plugin's task, criterion or architecture makes it a plugin run now."""
+    if names_plugin(cfg):
+        mark_in_use("config")
+    return guard_rails()
+
+
 @dataclass(frozen=True)
 class Patch:
     """One patch: ``target`` (a fairseq attribute, or ``sys.excepthook``) replaced by
@@ -132,6 +161,18 @@ def _teardown() -> None:
     distributed.install_teardown(plugin_run)
 
 
+def _writable_save_dir() -> None:
+    save_dir.install_writable(guard_rails)
+
+
+def _call_main() -> None:
+    launch.install_call_main(guard_rails_for)
+
+
+def _distributed_init() -> None:
+    launch.install_distributed_init(guard_rails_for)
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         "fairseq.checkpoint_utils.load_checkpoint_to_cpu",
@@ -166,7 +207,8 @@ PATCHES: tuple[Patch, ...] = (
         "fairseq.checkpoint_utils.torch_persistent_save",
         "acl_fairseq.checkpoint.atomic_files",
         "a checkpoint written in place is truncated by a kill mid-write: written beside it "
-        "(NAME.tmp), flushed and renamed",
+        "(NAME.tmp), flushed and renamed; a save the disk refuses (torch's 'unexpected pos') is "
+        "named in one line with the checkpoint left intact",
         PLUGIN_RUNS,
         True,
         _persistent_save,
@@ -178,6 +220,34 @@ PATCHES: tuple[Patch, ...] = (
         PLUGIN_RUNS,
         True,
         _copy,
+    ),
+    Patch(
+        "fairseq.checkpoint_utils.verify_checkpoint_directory",
+        "acl_fairseq.checkpoint.save_dir",
+        "fairseq-train's first write into --save-dir: a read-only or unwritable folder, a "
+        "traceback in fairseq, is named in one line",
+        PLUGIN_RUNS,
+        True,
+        _writable_save_dir,
+    ),
+    Patch(
+        "fairseq.distributed.utils.call_main",
+        "acl_fairseq.launch._call_main",
+        "the launch checked on the CPU: fairseq's spawn starts one process per GPU (none, so "
+        "it exits 0 untrained), NCCL and a missing --distributed-init-method named in one line; "
+        "torchrun's rendezvous filled in",
+        PLUGIN_RUNS,
+        True,
+        _call_main,
+    ),
+    Patch(
+        "fairseq.distributed.utils.distributed_init",
+        "acl_fairseq.launch._distributed_init",
+        "the wait for the other ranks bounded by --heartbeat-timeout and announced; a peer "
+        "that never comes named in one line (torch waits 30 minutes, silently)",
+        PLUGIN_RUNS,
+        True,
+        _distributed_init,
     ),
     Patch(
         "sys.excepthook",
@@ -202,7 +272,8 @@ PATCHES: tuple[Patch, ...] = (
         "acl_fairseq.distributed._distributed_main",
         "a worker's command returns with fairseq's data threads and the process group alive, "
         "which now and then aborts the process at exit: both stopped when it returns (and the "
-        "threads at exit)",
+        "threads at exit); a collective that fails because a peer died, a gloo traceback, "
+        "names the rank that stopped in one line",
         PLUGIN_RUNS,
         False,
         _teardown,

@@ -301,10 +301,14 @@ def test_deploy_refuses_a_policy_slower_than_full_depth():
     flags (nothing to save)."""
     from acl_fairseq.inference.deploy import DeployTarget, choose
 
-    n = 40
-    exits = [(layer, two_class([0.6] * n, [False] * n)) for layer in (1, 2, 3, 4)]
-    exits += [(5, two_class([0.05] * n, [True] * n)), (6, two_class([0.01] * n, [True] * n))]
-    labels = torch.zeros(n, dtype=torch.long)
+    n = 20  # rows of each class (two classes)
+
+    def both(entropy: float, right: bool) -> torch.Tensor:
+        return torch.cat([two_class([entropy] * n, [right] * n, label) for label in (0, 1)])
+
+    exits = [(layer, both(0.6, False)) for layer in (1, 2, 3, 4)]
+    exits += [(5, both(0.05, True)), (6, both(0.01, True))]
+    labels = torch.arange(2).repeat_interleave(n)
     cheap = choose("entropy", exits, labels, DeployTarget(max_accuracy_drop=0, head_cost=0.1))
     assert evaluate(exits, labels, cheap.policy, 0.1).cost == pytest.approx(5.5)
     dear = DeployTarget(max_accuracy_drop=0, head_cost=0.3)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -130,6 +131,43 @@ def test_tool_input_errors(tmp_path, capsys):
 def test_numbers_and_columns_are_checked_before_anything_is_read(tmp_path, capsys, flags, message):
     argv = [tmp_path / "absent.tsv", "--test-size", "10", *TINY, *flags]
     assert fails(*argv, capsys=capsys) == f"acl-fairseq-fewshot: error: {message}\n"
+
+
+def test_an_out_that_is_a_file_is_one_line(tmp_path, capsys):
+    """It was a traceback (FileExistsError) after the data was read."""
+    tsv, out = tmp_path / "data.tsv", tmp_path / "study.txt"
+    write_tsv(tsv, 40, 0)
+    out.write_text("notes\n")
+    message = (
+        f"acl-fairseq-fewshot: error: --out {out}: a file, not a folder: give a folder for the "
+        "study (made if missing)\n"
+    )
+    assert fails(tsv, "--test-size", "10", *TINY, "--out", out, capsys=capsys) == message
+    assert fails("--report-only", "--out", out, capsys=capsys) == message
+    assert out.read_text() == "notes\n"
+
+
+def test_texts_longer_than_the_model_stop_before_any_training(tmp_path, fake, capsys):
+    """A test text longer than the model's 64 positions: the draw stops before its first run
+    (it trained, then failed with the cause deep in the log), naming --shorten-method."""
+    tsv, test = tmp_path / "reviews.tsv", tmp_path / "test.tsv"
+    write_tsv(tsv, 40, 0)
+    rows = write_tsv(test, 10, 5)
+    rows[3][0] = " ".join(f"w{i % 40}" for i in range(300))  # far beyond 64 tokens
+    test.write_text("".join("\t".join(r) + "\n" for r in rows))
+    argv = [tsv, "--test", test, *SMALL, *TINY]
+    err = fails(*argv, "--out", tmp_path / "out", capsys=capsys)
+    assert re.fullmatch(
+        r"acl-fairseq-fewshot: error: draw k4-d1: 1 of the 10 test examples is longer than "
+        r"the model's 64 positions \(the longest has \d+ tokens, counting <s> and the "
+        r"separator\): pass --extra '--shorten-method truncate' to cut them, or shorten the "
+        r"texts\n",
+        err,
+    ), err
+    assert fake.calls == []
+    truncate = ["--extra", "--shorten-method truncate", "--out", tmp_path / "cut"]
+    assert run_tool(*argv, *truncate) == 0
+    assert len(fake.calls) == 4  # 2 draws x 2 learning rates
 
 
 # ----------------------------------------------------------------------- labels

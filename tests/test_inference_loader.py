@@ -181,6 +181,24 @@ def test_hub_accepts_the_policy_none(tiny_checkpoint, tiny_built):
     assert hub.predict_early_exit(HEAD, tokens).exit_layers.tolist() == [4] * len(LENGTHS)
 
 
+def test_hub_names_empty_and_wrong_tokens(tiny_checkpoint, tiny_built):
+    """``predict_early_exit(head, [])`` was an AttributeError traceback ('list' has no
+    'dim'); now empty or unusable tokens are one ValueError naming the fix, and a list of
+    ids predicts as its tensor does."""
+    _, task, _ = tiny_built
+    hub = MultiExitRobertaModel.from_pretrained(str(tiny_checkpoint.parent), "model.pt", ".",
+                                                bpe=None)  # fmt: skip
+    for empty in ([], torch.zeros(0, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long)):
+        for call in (hub.predict_early_exit, hub.exit_logits, hub.predict):
+            with pytest.raises(ValueError, match=r"^tokens is empty \(shape .*hub.encode\(text\)"):
+                call(HEAD, empty)
+    with pytest.raises(ValueError, match="^tokens must be fairseq ids, .* not str"):
+        hub.predict_early_exit(HEAD, "a text")
+    tokens, _ = tiny_batch(task, [5])
+    as_list = hub.predict_early_exit(HEAD, tokens[0].tolist(), "none")
+    assert torch.equal(as_list.logits, hub.predict_early_exit(HEAD, tokens, "none").logits)
+
+
 def test_hub_uses_a_saved_policy_only_for_its_weights(tiny_checkpoint, caplog):
     folder = str(tiny_checkpoint.parent)
     weights = model_fingerprint(read_checkpoint(tiny_checkpoint)["model"])

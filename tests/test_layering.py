@@ -215,11 +215,13 @@ def test_what_fairseq_loads_imports_no_inference_tool_or_onnx_code():
 def test_the_root_holds_a_few_named_modules():
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == [
         "__init__.py",
+        "atomic_write.py",
         "autocast.py",
         "cpu_features.py",
         "distributed.py",
         "errors.py",
         "fairseq_patches.py",
+        "launch.py",
     ]
 
 

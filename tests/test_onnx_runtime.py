@@ -360,3 +360,52 @@ def test_bad_uses_are_named(tiny_built, tmp_path):
         runner.early_exit(tokens, "entropy:0.3", classification_head_name="other")
     with pytest.raises(ValueError):  # the policy's own check: no exit at layer 7
         runner.early_exit(tokens, "per_exit_entropy:7=0.3")
+
+
+def test_a_damaged_cached_segment_is_exported_again(tiny_built, tmp_path, caplog):
+    """A cached segment cut short or emptied (a disk that filled, a copy that failed) was an
+    InvalidProtobuf traceback on every later load; now it is exported again, with a note."""
+    model, task, _ = tiny_built
+    tokens, _ = tiny_batch(task, LENGTHS)
+    policy = "per_exit_entropy:1=0.3,3=0.5"
+    want = OrtEarlyExit(model, HEAD, tmp_path, threads=1).early_exit(tokens, policy)
+    runner = OrtEarlyExit(model, HEAD, tmp_path, threads=1)
+    cut, empty = runner.folder / "layers1-1.fp32.onnx", runner.folder / "layers2-3.fp32.onnx"
+    cut.write_bytes(cut.read_bytes()[:300])
+    empty.write_bytes(b"")
+    with caplog.at_level("WARNING"):
+        got = runner.early_exit(tokens, policy)
+    assert torch.equal(got.logits, want.logits)
+    for path in (cut, empty):
+        assert f"{path}: the cached ONNX segment could not be loaded (" in caplog.text
+    assert caplog.text.count("exported again") == 2
+    # int8: quantized from the fp32 file, which is damaged (the int8 one was never made)
+    empty.write_bytes(b"")
+    int8 = OrtEarlyExit(model, HEAD, tmp_path, "int8", threads=1)
+    int8.early_exit(tokens, policy)  # quantizes layers 2-3 from a fresh fp32 export
+    assert empty.stat().st_size > 0
+
+
+def test_a_segment_that_never_loads_names_the_command_that_clears_it(tiny_built, tmp_path,
+                                                                     monkeypatch):  # fmt: skip
+    model, task, _ = tiny_built
+    tokens, _ = tiny_batch(task, [4])
+    runner = OrtEarlyExit(model, HEAD, tmp_path, threads=1)
+
+    def garbage(model, head, first, last, path):
+        path.write_bytes(b"not onnx")
+
+    monkeypatch.setattr(onnx_runtime, "export_segment", garbage)
+    with pytest.raises(AclFairseqError) as caught:
+        runner.early_exit(tokens, "entropy:0.3")
+    message = str(caught.value)
+    assert message.startswith(f"{runner.folder / 'layers1-1.fp32.onnx'}: ONNX Runtime cannot load")
+    assert message.endswith(f"clear the cache (rm -r {runner.folder}) and run again")
+
+
+def test_a_cache_folder_that_cannot_be_made_is_named(tiny_built, tmp_path):
+    model, _, _ = tiny_built
+    (tmp_path / "file").write_text("")
+    for folder in (tmp_path / "file" / "cache", tmp_path / "file"):
+        with pytest.raises(OSError, match=rf"^--onnx-cache {folder}: cannot create the folder"):
+            OrtEarlyExit(model, HEAD, folder)

@@ -93,6 +93,70 @@ def test_tsv_file_header_and_errors(trained, tmp_path: Path) -> None:
         old.rename(trained["data"])
 
 
+def test_blank_and_cut_lines_are_said(trained, monkeypatch) -> None:
+    """A blank line got a label; now it gets '-' on its output line and a note counts them.
+    A line cut at the model's positions (a checkpoint trained with --shorten-method
+    truncate, here its encoder as such a checkpoint makes it) was cut without a word."""
+    ckpt, rows = trained["ckpt"], trained["rows"]
+    text = f"{rows[0][0]}\n\n   \n{rows[1][0]}\n"
+    code, out, err = run_predict(ckpt, stdin=text)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 4 and lines[1] == lines[2] == "-\t-\t-"
+    _, alone, _ = run_predict(ckpt, stdin=f"{rows[0][0]}\n{rows[1][0]}\n")
+    assert [lines[0], lines[3]] == alone.splitlines()
+    assert (
+        "acl-fairseq-predict: note: 2 blank input lines (lines 2, 3): not classified, '-' on "
+        "their output lines" in err
+    )
+    assert "2 sentences," in err
+
+    real = ExampleEncoder.from_task
+
+    def truncating(*args, **kwargs):
+        encoder = real(*args, **kwargs)
+        encoder.truncate, encoder.max_positions = True, 12
+        return encoder
+
+    monkeypatch.setattr(ExampleEncoder, "from_task", truncating)
+    long_text = " ".join(NEUTRAL[:30])
+    code, out, err = run_predict(ckpt, stdin=f"w1\n{long_text}\nw2\n{long_text}\n")
+    assert code == 0, err
+    assert (
+        "acl-fairseq-predict: note: 2 input lines (lines 2, 4) cut at the model's 12 positions "
+        "(the checkpoint was trained with --shorten-method truncate)" in err
+    ), err
+
+
+def test_onnx_cache_flags_are_checked_before_loading(trained, tmp_path, monkeypatch) -> None:
+    """--onnx-cache without the ONNX Runtime backend was ignored; a cache that cannot be made
+    (under a file, in /proc) was a traceback after the model loaded."""
+    from acl_fairseq.cli import predict as predict_cli
+
+    ckpt = trained["ckpt"]
+    code, _, err = run_predict(ckpt, "--onnx-cache", tmp_path / "c", "--backend", "fairseq",
+                               stdin="x")  # fmt: skip
+    assert code == 2 and err.endswith(
+        f"acl-fairseq-predict: error: --onnx-cache {tmp_path / 'c'}: only the ONNX Runtime "
+        "backend uses it, and this run is on --backend fairseq: add --backend onnxruntime, or "
+        "drop --onnx-cache\n"
+    ), err
+    code, _, err = run_predict(ckpt, "--onnx-cache", tmp_path / "c", stdin="x")  # no saved policy
+    assert code == 2 and "this run is on the fairseq backend: add --backend onnxruntime" in err
+    (tmp_path / "file").write_text("")
+    loads = []
+    monkeypatch.setattr(predict_cli, "load_for_inference", lambda *a, **k: loads.append(a))
+    for folder, why in ((tmp_path / "file" / "cache", "a file is in the way"),
+                        ("/proc/acl_fairseq_cache", "no such file or directory")):  # fmt: skip
+        code, _, err = run_predict(ckpt, "--backend", "onnxruntime", "--onnx-cache", folder,
+                                   stdin="x")  # fmt: skip
+        assert code == 2 and err == (
+            f"acl-fairseq-predict: error: --onnx-cache {folder}: cannot create the folder of the "
+            f"exported ONNX segments ({why}): give --onnx-cache a folder you may write to\n"
+        )
+    assert loads == []  # before the model was loaded
+
+
 def test_a_stage1_checkpoint_refuses_a_policy(trained) -> None:
     """A multi-exit model without shallow exits (--exit-layers none, as stage 1 and the demo's
     CE run are): a policy would be ignored, so it is refused, by the command and the hub."""

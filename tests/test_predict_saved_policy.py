@@ -144,6 +144,34 @@ def test_sweep_dtypes_saves_a_policy_per_precision_that_predict_and_hub_use(
     assert fp32.default_policy == saved.by_dtype["fp32"]
 
 
+@pytest.mark.parametrize("kind", ["entropy", "per_exit_entropy", "learned"])
+def test_a_sweep_on_a_split_too_small_deploys_nothing(trained, tmp_path, capsys, kind):
+    """Before: on 1 or 3 dev rows the sweep deployed entropy:inf, per_exit_entropy:1=inf or a
+    learned model with every weight 0 over the saved policy. Now it stops in one line naming
+    the split's size and the size needed, and the saved file stays as it was."""
+    from acl_fairseq.cli import sweep
+    from acl_fairseq.inference.saved_policy import POLICY_FILE
+
+    ckpt = tmp_path / trained["ckpt"].name
+    shutil.copy(trained["ckpt"], ckpt)
+    (tmp_path / POLICY_FILE).write_text('{"policy": "entropy:0.2"}\n', encoding="utf-8")
+    before = (tmp_path / POLICY_FILE).read_bytes()
+    for rows in (1, 3):
+        flags = [str(ckpt), str(trained["data"]), "--policy", kind, "--cpu", "--repeats", "0",
+                 "--max-examples", str(rows), "--max-accuracy-drop", "1"]  # fmt: skip
+        assert sweep.main(flags) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        err = [line for line in err.splitlines() if line.startswith("acl-fairseq-sweep")]
+        assert len(err) == 1 and re.match(
+            rf"acl-fairseq-sweep: error: --split valid \(--max-examples {rows}\) has {rows} "
+            r"rows? \(class 0: \d, class 1: \d\): choosing an early-exit policy needs at least 5 "
+            r"rows of each of the 2 classes: use a larger split",
+            err[0],
+        ), err
+        assert (tmp_path / POLICY_FILE).read_bytes() == before
+
+
 def test_a_saved_policy_runs_only_on_the_weights_it_was_chosen_on(trained, tmp_path, capsys):
     """early_exit_policy.json belongs to a folder, its policy to the weights the sweep chose it
     on: a copy of them runs it; checkpoint_last.pt next to it (other weights) runs full depth

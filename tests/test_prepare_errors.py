@@ -15,6 +15,7 @@ from acl_fairseq.cli import prepare as prepare_cli
 
 SPM_ARGS = ["--tokenizer", "sentencepiece", "--spm-vocab-size", "200", "--workers", "1"]
 ROWS = "".join(f"the film number{i} .\t{'pos' if i % 2 else 'neg'}\n" for i in range(8))
+DEV_ROWS = "".join(f"a film number{i} .\t{'pos' if i % 2 else 'neg'}\n" for i in range(6))
 
 
 def run_main(argv: list) -> int:
@@ -44,7 +45,7 @@ def test_a_forgotten_header_is_not_a_class(tmp_path: Path) -> None:
         "has: it looks like a header line (the column names). Pass --header to skip it; if "
         "'label' is a real class with one example, list every label with --labels"
     )
-    assert custom(tmp_path, "text\tlabel\n" + ROWS, "text\tlabel\n" + ROWS, "--header")[0] == 0
+    assert custom(tmp_path, "text\tlabel\n" + ROWS, "text\tlabel\n" + DEV_ROWS, "--header")[0] == 0
     assert json.loads((tmp_path / "out/custom-bin/prepare_glue.json").read_text())["labels"] == [
         "neg", "pos"]  # fmt: skip
 
@@ -95,7 +96,8 @@ def test_one_label_written_two_ways_is_not_two_classes(tmp_path: Path) -> None:
     assert error.startswith(f"custom: the labels '1' ({train} line 2) and '1.0' ({dev} line 4)")
     cased = ROWS.replace("number5 .\tpos", "number5 .\tPos")
     assert custom(tmp_path, cased, ROWS)[1].startswith("custom: the labels 'pos' (")
-    assert custom(tmp_path, mixed, mixed, "--labels", "0,1,1.0")[0] == 0  # listed: as written
+    listed = ["--labels", "0,1,1.0", "--allow-overlap"]  # dev is train here
+    assert custom(tmp_path, mixed, mixed, *listed)[0] == 0  # listed: as written
 
 
 def test_a_class_missing_from_train_is_named_and_never_dropped(tmp_path: Path) -> None:
@@ -123,6 +125,33 @@ def test_a_training_file_of_one_class_stops(tmp_path: Path) -> None:
     )
 
 
+def test_a_dev_split_that_shares_rows_with_train_stops_unless_allowed(tmp_path: Path, caplog):
+    """It was prepared without a word (the few-shot command checks this): the count and the
+    first rows by file and line, then --allow-overlap keeps them, saying so."""
+    train = "".join(f"film {i} was {'good' if i % 2 else 'bad'} .\t{i % 2}\n" for i in range(30))
+    lines = train.splitlines(keepends=True)
+    dev = "".join(lines[i] for i in range(0, 20, 2)) + "".join(
+        f"another film {i} .\t{i % 2}\n" for i in range(20)
+    )  # 10 of its 30 rows are rows of train
+    code, error = custom(tmp_path, train, dev)
+    assert code == 2
+    train_tsv, dev_tsv = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+    assert error == (
+        "custom: 10 of the 30 valid rows are train rows (the same text): dev.tsv line 1 = "
+        "train.tsv line 1 'film 0 was bad .', dev.tsv line 2 = train.tsv line 3 'film 2 was "
+        "bad .', dev.tsv line 3 = train.tsv line 5 'film 4 was bad .', ...: an example in "
+        "training and in dev or test scores higher than it should; remove those rows, or pass "
+        "--allow-overlap to keep them"
+    ), (train_tsv, dev_tsv)
+    assert not (tmp_path / "out" / "custom-bin").exists()
+    with caplog.at_level("INFO"):
+        assert custom(tmp_path, train, dev, "--allow-overlap") == (0, "")
+    assert (
+        "10 of the 30 valid rows are train rows" in caplog.text
+        and "(kept: --allow-overlap)" in caplog.text
+    )
+
+
 @pytest.mark.slow
 def test_prepare_prints_no_debug_line_and_no_namespace(tmp_path: Path) -> None:
     """The command's whole output (its own process, logging as a user gets it)."""
@@ -131,7 +160,7 @@ def test_prepare_prints_no_debug_line_and_no_namespace(tmp_path: Path) -> None:
     import sys
 
     (tmp_path / "train.tsv").write_text(ROWS)
-    (tmp_path / "dev.tsv").write_text(ROWS)
+    (tmp_path / "dev.tsv").write_text(DEV_ROWS)
     argv = ["--task", "custom", "--train", tmp_path / "train.tsv", "--valid", tmp_path / "dev.tsv",
             "--text-columns", "1", "--label-column", "2", "--out-dir", tmp_path / "out",
             *SPM_ARGS]  # fmt: skip

@@ -338,12 +338,35 @@ def test_custom_wordpiece(tmp_path: Path) -> None:
         (tmp_path / f"{name}.tsv").write_text("\n".join(lines) + "\n")
     (tmp_path / "dev.tsv").write_text("text\tsentiment\nthe zebra was great\tneg\n")
     out = tmp_path / "out"
-    argv = ["--task", "custom", "--name", "reviews", "--train", tmp_path / "train.tsv",
-            "--valid", tmp_path / "dev.tsv", "--test", tmp_path / "test.tsv",
-            "--text-columns", "1", "--label-column", "2", "--header", "--out-dir", out,
-            "--tokenizer", "wordpiece", "--vocab", tmp_path / "vocab.txt",
-            "--srcdict", tmp_path / "dict.txt", "--workers", "1",
-            "--keep-intermediate"]  # fmt: skip
+    argv = [
+        "--task",
+        "custom",
+        "--name",
+        "reviews",
+        "--train",
+        tmp_path / "train.tsv",
+        "--valid",
+        tmp_path / "dev.tsv",
+        "--test",
+        tmp_path / "test.tsv",
+        "--text-columns",
+        "1",
+        "--label-column",
+        "2",
+        "--header",
+        "--out-dir",
+        out,
+        "--tokenizer",
+        "wordpiece",
+        "--vocab",
+        tmp_path / "vocab.txt",
+        "--srcdict",
+        tmp_path / "dict.txt",
+        "--workers",
+        "1",
+        "--keep-intermediate",
+        "--allow-overlap",
+    ]  # fmt: skip  (test: train's rows)
     assert run_main(argv) == 0
     tok = (out / "reviews-tok/train.input0").read_text().split("\n")
     assert tok[:2] == ["the movie was great !", "bad plot ##s ."]
@@ -382,11 +405,28 @@ def test_srcdict_of_another_vocabulary_stops(tmp_path: Path, capsys: pytest.Capt
     (tmp_path / "other.txt").write_text("".join(f"{t} 1\n" for t in ["the", "was", "x", "y"]))
     lines = ["text\tlabel"] + [f"The movie was great!\t{i % 2}" for i in range(6)]
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
-    argv = ["--task", "custom", "--train", tmp_path / "train.tsv",
-            "--valid", tmp_path / "train.tsv", "--text-columns", "1",
-            "--label-column", "2", "--header", "--out-dir", tmp_path / "out",
-            "--tokenizer", "wordpiece", "--vocab", tmp_path / "vocab.txt",
-            "--workers", "1"]  # fmt: skip
+    argv = [
+        "--task",
+        "custom",
+        "--train",
+        tmp_path / "train.tsv",
+        "--valid",
+        tmp_path / "train.tsv",
+        "--text-columns",
+        "1",
+        "--label-column",
+        "2",
+        "--header",
+        "--out-dir",
+        tmp_path / "out",
+        "--tokenizer",
+        "wordpiece",
+        "--vocab",
+        tmp_path / "vocab.txt",
+        "--workers",
+        "1",
+        "--allow-overlap",
+    ]  # fmt: skip  (dev is train)
     assert run_main(argv + ["--srcdict", tmp_path / "other.txt"]) == 2
     error = capsys.readouterr().err
     # 3 of the 5 tokens of every line (movie, great, !) are not in other.txt

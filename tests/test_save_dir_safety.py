@@ -448,3 +448,75 @@ def test_a_checkpoint_newer_than_checkpoint_last_is_named(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="acl_fairseq.checkpoint.save_dir"):
         assert check_save_dir(checkpoint_cfg(tmp_path), run) is None
     assert save_dir_warnings(caplog) == []
+
+
+# ------------------------------------------------------------- writes the disk refuses
+@pytest.mark.slow
+def test_an_unwritable_save_dir_is_one_line(sentiment_data, tmp_path):
+    """fairseq-train's first write into --save-dir (its ``dummy`` file) failed with an OSError
+    traceback; now one line names the folder, the reason and the fix."""
+    save_dir = "/sys/acl_fairseq_save"  # nobody may create a folder there, root included
+    out = fails_with(sentiment_data, save_dir, *ARGS, message="fairseq-train: error: --save-dir")
+    (line,) = [x for x in out.splitlines() if "error:" in x]
+    assert line.startswith(f"fairseq-train: error: --save-dir {save_dir}: cannot write there (")
+    assert line.endswith("): give --save-dir a folder this run may write to")
+    assert "Traceback" not in out
+
+
+def test_a_read_only_save_dir_is_named(tmp_path, monkeypatch):
+    """The same for a read-only file system (EROFS), in process: the guard rail's message."""
+    import errno
+
+    from acl_fairseq import fairseq_patches
+
+    def read_only(path, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", path)
+
+    monkeypatch.setattr(fairseq_patches, "_in_use", {"test"})
+    monkeypatch.setattr(checkpoint_utils, "open", read_only, raising=False)
+    with pytest.raises(OSError) as info:
+        checkpoint_utils.verify_checkpoint_directory(str(tmp_path))
+    assert str(info.value) == (
+        f"--save-dir {tmp_path}: cannot write there (the file system is read-only): give "
+        "--save-dir a folder this run may write to"
+    )
+    monkeypatch.setattr(fairseq_patches, "_in_use", set())  # a stock run: fairseq's traceback
+    with pytest.raises(OSError, match="Read-only file system"):
+        checkpoint_utils.verify_checkpoint_directory(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_saving_names_the_disk_and_the_intact_checkpoint(
+    sentiment_data, tmp_path
+):
+    """Resumed under a file-size limit smaller than a checkpoint (a full disk's ENOSPC takes
+    the same path): the save fails, and instead of torch's ``[enforce fail at
+    inline_container.cc] unexpected pos`` traceback one line names the file, the limit and
+    the checkpoint left intact, which a later run resumes from."""
+    import resource
+
+    fairseq_train(sentiment_data, tmp_path, *ARGS)
+    last = tmp_path / "checkpoint_last.pt"
+    before = last.read_bytes()
+    limit = len(before) // 2
+    longer = [*ARGS, "--max-update", "4"]  # the same run, two updates more
+    cmd = train_command(sentiment_data, tmp_path, *longer)
+
+    def limited() -> None:  # SIGXFSZ is ignored by Python: the write fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600,
+                          preexec_fn=limited)  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "Traceback" not in out and "unexpected pos" not in out
+    (line,) = [x for x in out.splitlines() if "error:" in x]
+    assert line == (
+        f"fairseq-train: error: cannot write {last}: the file-size limit of this process is "
+        f"reached (ulimit -f); {last} is as it was (the previous file, intact): raise the limit "
+        "(ulimit -f unlimited) and run again"
+    )
+    assert last.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
+    assert trained_updates(fairseq_train(sentiment_data, tmp_path, *longer))[-1] == 4

@@ -3,14 +3,17 @@
 fairseq's ``torch.save`` and ``PathManager.copy`` write in place, so a kill mid-write leaves a
 truncated ``checkpoint_last.pt`` that cannot be resumed. Where the guard rails act
 (``acl_fairseq.fairseq_patches``), :func:`install_persistent_save` and :func:`install_copy`
-route local files through :func:`replace_atomically` (``NAME.tmp``, flushed, ``os.replace``);
-the next training removes a leftover ``NAME.tmp`` (:func:`remove_leftovers`). Remote paths,
-``--write-checkpoints-asynchronously`` and stock runs keep fairseq's code.
+route local files through ``acl_fairseq.atomic_write`` (``NAME.tmp``, flushed, ``os.replace``);
+the next training removes a leftover ``NAME.tmp`` (:func:`remove_leftovers`). A save that the
+file system refuses (a full disk: torch's "unexpected pos") stops the run with one line naming
+the disk and the checkpoint left intact. Remote paths, ``--write-checkpoints-asynchronously``
+and stock runs keep fairseq's code.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import os
 import shutil
 from collections.abc import Callable
@@ -18,6 +21,8 @@ from collections.abc import Callable
 import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
+
+from ..atomic_write import TMP_SUFFIX, replace_atomically, write_with
 
 #: Whether the guard rails act on this run (set by ``acl_fairseq.fairseq_patches``).
 _acts: Callable[[], bool] = bool
@@ -31,50 +36,61 @@ __all__ = [
     "replace_atomically",
 ]
 
-#: What a file being written is called until it is complete: ``NAME`` + this.
-TMP_SUFFIX = ".tmp"
 
+class _Recording(io.RawIOBase):
+    """A binary file that keeps the first ``OSError`` of its writes: ``torch.save`` reports a
+    failed write as a ``RuntimeError`` ("unexpected pos"), this names its cause."""
 
-def _fsync_dir(folder: str) -> None:
-    """Makes a rename in ``folder`` durable (where the file system allows it)."""
-    try:
-        fd = os.open(folder or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    def __init__(self, f: io.BufferedWriter) -> None:
+        super().__init__()
+        self.f, self.error = f, None
 
+    def writable(self) -> bool:
+        return True
 
-def replace_atomically(path: str, write: Callable[[str], None]) -> None:
-    """Runs ``write(tmp)`` to create ``tmp = path + TMP_SUFFIX`` in full, flushes it to disk
-    and renames it onto ``path`` (one ``os.replace``). On an exception the temporary file is
-    removed and ``path`` is left as it was."""
-    tmp = path + TMP_SUFFIX
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
+    def write(self, data) -> int:  # type: ignore[override]
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        raise
-    _fsync_dir(os.path.dirname(path))
+            return self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.f.flush()
+        except OSError as e:
+            self.error = self.error or e
+            raise
 
 
 def _torch_save_to(obj: object) -> Callable[[str], None]:
     def write(tmp: str) -> None:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            recording = _Recording(f)
+            try:
+                torch.save(obj, recording)
+                recording.flush()
+            except RuntimeError:
+                if recording.error is not None:
+                    raise recording.error from None
+                raise
 
     return write
+
+
+def _previous(filename: str) -> str:
+    """What a failed save of ``filename`` leaves to resume from: its folder's
+    ``checkpoint_last.pt``, when there is one."""
+    last = os.path.join(os.path.dirname(filename), "checkpoint_last.pt")
+    if os.path.basename(filename) != "checkpoint_last.pt" and os.path.isfile(last):
+        return f"{last} is intact: the same command resumes from it"
+    return ""
+
+
+def _save(filename: str, write: Callable[[str], None]) -> None:
+    """``write_with`` for a checkpoint: a file system error is one line naming the disk and
+    the checkpoint that is left intact."""
+    write_with(filename, write, intact=_previous(filename))
 
 
 def _is_local(path: str) -> bool:
@@ -86,7 +102,7 @@ def _atomic_persistent_save(original: Callable) -> Callable:
     def torch_persistent_save(obj, filename, async_write: bool = False):
         if async_write or not _is_local(filename) or not _acts():
             return original(obj, filename, async_write)
-        replace_atomically(str(filename), _torch_save_to(obj))
+        _save(str(filename), _torch_save_to(obj))
 
     torch_persistent_save._acl_fairseq_atomic = True  # type: ignore[attr-defined]
     return torch_persistent_save
@@ -97,7 +113,7 @@ def _atomic_copy(original: Callable) -> Callable:
     def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
         if not (_is_local(src_path) and _is_local(dst_path)) or not _acts():
             return original(src_path, dst_path, overwrite)
-        replace_atomically(str(dst_path), functools.partial(shutil.copyfile, str(src_path)))
+        _save(str(dst_path), functools.partial(shutil.copyfile, str(src_path)))
         return True
 
     copy._acl_fairseq_atomic = True  # type: ignore[attr-defined]

@@ -11,6 +11,10 @@ A guard rail (``acl_fairseq.fairseq_patches``): where the guard rails do not act
 ``ACL_FAIRSEQ_GUARD_RAILS=off``) this is fairseq's own function. Where they act, a config that
 fairseq itself refuses (``--finetune-from-model`` with a ``--restore-file``) goes to fairseq
 first, for its own error, and the checks read every optional key with a default.
+
+:func:`install_writable` (also a guard rail): fairseq-train's first write into ``--save-dir``
+(``verify_checkpoint_directory``), which a read-only or unwritable folder fails with a
+traceback, names the folder and the reason in one line.
 """
 
 from __future__ import annotations
@@ -23,14 +27,15 @@ from typing import Any
 
 from fairseq import checkpoint_utils
 
-from ..errors import AclValueError
+from ..atomic_write import failure_reason
+from ..errors import AclOSError, AclValueError
 from .atomic_files import remove_leftovers
 from .fits import CheckpointMismatch
 from .resume import check_resume, finished, newest_of_run, read_saved
 from .run_lock import acquire
 from .safe_loading import DEFAULT_RESTORE_FILE, check_restore_file, damaged, named_as
 
-__all__ = ["check_save_dir", "install"]
+__all__ = ["check_save_dir", "install", "install_writable"]
 
 logger = logging.getLogger(__name__)
 
@@ -198,3 +203,31 @@ def install(acts: Callable[[], bool]) -> None:
     current = checkpoint_utils.load_checkpoint
     if not getattr(current, "_acl_fairseq_safe", False):
         checkpoint_utils.load_checkpoint = _checked_restore(current)
+
+
+def _writable_save_dir(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def verify_checkpoint_directory(save_dir: str) -> None:
+        if not _acts():
+            return original(save_dir)
+        try:
+            return original(save_dir)
+        except OSError as e:
+            raise AclOSError(
+                f"--save-dir {save_dir}: cannot write there ({failure_reason(e)}): give "
+                "--save-dir a folder this run may write to"
+            ) from None
+
+    verify_checkpoint_directory._acl_fairseq_safe = True  # type: ignore[attr-defined]
+    return verify_checkpoint_directory
+
+
+def install_writable(acts: Callable[[], bool]) -> None:
+    """Idempotent: fairseq's ``checkpoint_utils.verify_checkpoint_directory`` (its first
+    write into ``--save-dir``, a file named ``dummy``) names a folder it cannot write in one
+    line, where ``acts()``."""
+    global _acts
+    _acts = acts
+    current = checkpoint_utils.verify_checkpoint_directory
+    if not getattr(current, "_acl_fairseq_safe", False):
+        checkpoint_utils.verify_checkpoint_directory = _writable_save_dir(current)

@@ -8,7 +8,10 @@ Usage::
 
 One output line per input line, in input order: ``label<TAB>probability<TAB>exit_layer``
 (the label dictionary's string, the softmax probability of that label at the exit it was taken
-from, the 1-based layer of that exit). A summary goes to stderr.
+from, the 1-based layer of that exit). A summary goes to stderr. A blank input line (every
+text empty or white space) is not classified: its output line is ``-<TAB>-<TAB>-`` and a note
+on stderr counts them; a line cut at the model's positions (a checkpoint trained with
+``--shorten-method truncate``) is counted in a note too.
 
 The text is encoded exactly as the training data: the tokenizer recorded by
 ``acl-fairseq-prepare`` in ``DATA/prepare_glue.json``, the source dictionary, the task's
@@ -35,7 +38,11 @@ from torch import Tensor
 
 from acl_fairseq.data.input_lines import (
     PredictError,
+    blank_lines,
+    count_lines,
+    cut_lines,
     encode_rows,
+    line_list,
     parse_columns,
     read_input,
     read_rows,
@@ -49,6 +56,7 @@ from acl_fairseq.models.heads import DEFAULT_HEAD
 from acl_fairseq.runtime.onnx_runtime import (
     BACKENDS,
     ONNX_CACHE,
+    check_cache_folder,
     require_onnxruntime,
 )
 from acl_fairseq.runtime.precision import PRECISIONS
@@ -148,6 +156,13 @@ def run_batches(
     return results
 
 
+def _unused_cache(folder: str, backend: str) -> str:
+    return (
+        f"--onnx-cache {folder}: only the ONNX Runtime backend uses it, and this run is on "
+        f"{backend}: add --backend onnxruntime, or drop --onnx-cache"
+    )
+
+
 def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     columns = parse_columns(args.text_columns)
     if args.batch_size < 1:
@@ -159,6 +174,11 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
         raise PredictError(f"checkpoint {args.checkpoint} not found (--path)")
     if request.backend == ONNXRUNTIME:
         require_onnxruntime()  # its error names the install command
+    if args.onnx_cache is not None:
+        if request.backend == ONNXRUNTIME:
+            check_cache_folder(args.onnx_cache)  # before loading the model
+        elif request.backend is not None:
+            raise PredictError(_unused_cache(args.onnx_cache, f"--backend {request.backend}"))
     source = "stdin" if args.input == "-" else args.input
     rows = read_rows(read_input(args.input, stdin), source, columns, args.header)  # early
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
@@ -167,6 +187,8 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
         text="required",
     )  # fmt: skip
     plan, model = loaded.plan, loaded.model
+    if args.onnx_cache is not None and not plan.onnxruntime:
+        raise PredictError(_unused_cache(args.onnx_cache, f"the {plan.backend} backend"))
     for note in loaded.notes:
         stderr.write(f"{PROG}: note: {note}\n")
     if args.head not in model.classification_heads:
@@ -183,7 +205,19 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
         raise PredictError(
             f"{args.checkpoint} is a sentence-pair model: give a TSV with --text-columns 1,2"
         )
-    examples = encode_rows(encoder, rows, source)
+    blank = set(blank_lines(rows))  # not classified: '-' on their output lines
+    if blank:
+        lines = f"{count_lines(blank, 'blank input line')} ({line_list(sorted(blank))})"
+        stderr.write(f"{PROG}: note: {lines}: not classified, '-' on their output lines\n")
+    texts = [row for row in rows if row.line not in blank]
+    examples = encode_rows(encoder, texts, source)
+    cut = cut_lines(encoder, texts, examples)
+    if cut:
+        lines = f"{count_lines(cut, 'input line')} ({line_list(cut)})"
+        stderr.write(
+            f"{PROG}: note: {lines} cut at the model's {encoder.max_positions} positions (the "
+            "checkpoint was trained with --shorten-method truncate)\n"
+        )
 
     policy, pad = plan.policy, encoder.dictionary.pad()
     # this command's process: ONNX Runtime's sessions share one thread pool
@@ -201,7 +235,12 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
     results = run_batches(runner, examples, policy, args.head, args.batch_size, pad, device)
     seconds = time.perf_counter() - start
     divisor = float((loaded.meta or {}).get("label_divisor") or 1.0)
-    for index, prob, layer, value in results:
+    answers = iter(results)
+    for row in rows:
+        if row.line in blank:
+            stdout.write("-\t-\t-\n")
+            continue
+        index, prob, layer, value = next(answers)
         if loaded.regression or loaded.labels is None:  # the score in the raw labels' units
             stdout.write(f"{value * divisor:.4g}\t-\t{layer}\n")
         else:

@@ -112,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--test-unlabeled", action="store_true", help="the --test file has no label column"
     )
+    p.add_argument(
+        "--allow-overlap",
+        action="store_true",
+        help="keep rows of dev or test whose text is also in train (or in each other): "
+        "reported and, for --task custom, refused without this flag (GLUE: a warning)",
+    )
     return p
 
 
@@ -141,6 +147,7 @@ def run(args: argparse.Namespace) -> list[Path]:
         skip_bad_rows=args.skip_bad_rows,
         keep_intermediate=args.keep_intermediate,
         preprocess_subprocess=args.preprocess_subprocess,
+        overlap="allow" if args.allow_overlap else "stop" if glue_dir is None else "warn",
     )
 
     return prepare_tasks(tasks, glue_dir, opts)

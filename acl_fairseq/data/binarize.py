@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .prepared import write_meta
+from .splits import overlaps
 from .task_specs import BadRow, DataError, SplitData, TaskSpec, format_bad_rows, load_task
 from .tokenizer.files import relative_to, store_tokenizer
 from .tokenizer.kinds import TokenizerConfig
@@ -73,6 +74,7 @@ class Options:
     skip_bad_rows: bool = False
     keep_intermediate: bool = False
     preprocess_subprocess: bool = False
+    overlap: str = "warn"  # splits that share texts: "stop", "warn" or "allow" (said, kept)
 
 
 def _write_lines(path: Path, lines: Iterable[str]) -> None:
@@ -97,7 +99,53 @@ def prepare_tasks(tasks: Sequence[TaskSpec], glue_dir: Path | None, opts: Option
         )
     if all_bad:
         logger.warning("skipping %d bad row(s):\n%s", len(all_bad), format_bad_rows(all_bad))
+    for task, splits, _ in loaded:
+        check_overlaps(task, splits, opts.overlap)
     return [prepare_task(task, splits, opts, len(bad)) for task, splits, bad in loaded]
+
+
+def split_overlaps(task: TaskSpec, splits: Sequence[SplitData]) -> list[str]:
+    """One line per two splits of ``task`` that share texts: how many rows, and the first
+    rows by file and line."""
+    rows = {s.name: [(*texts, "") for texts in zip(*s.texts)] for s in splits}
+    named = {s.name: s for s in splits}
+    lines = []
+    for o in overlaps(rows):
+        a, b = named[o.first], named[o.second]
+        shown = [
+            f"{b.path.name} line {b.line_numbers[j]} = {a.path.name} line {a.line_numbers[i]}"
+            f" {_short(' / '.join(rows[o.second][j][:-1]))!r}"
+            for i, j in o.pairs
+        ]
+        more = ", ..." if o.shared > len(o.pairs) else ""
+        lines.append(
+            f"{task.name}: {o.shared} of the {len(b)} {o.second} rows are {o.first} rows (the "
+            f"same text): {', '.join(shown)}{more}"
+        )
+    return lines
+
+
+def _short(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def check_overlaps(task: TaskSpec, splits: Sequence[SplitData], overlap: str = "stop") -> None:
+    """Splits that share texts (a dev or test example seen in training scores higher than it
+    should): ``DataError`` (``stop``) naming ``--allow-overlap``, a warning (``warn``), or a
+    note that they are kept (``allow``)."""
+    lines = split_overlaps(task, splits)
+    if not lines:
+        return
+    if overlap == "stop":
+        raise DataError(
+            "; ".join(lines) + ": an example in training and in dev or test scores higher than "
+            "it should; remove those rows, or pass --allow-overlap to keep them"
+        )
+    for line in lines:
+        if overlap == "warn":
+            logger.warning("%s (--allow-overlap: say that they are meant)", line)
+        else:
+            logger.info("%s (kept: --allow-overlap)", line)
 
 
 def prepare_task(task: TaskSpec, splits: list[SplitData], opts: Options, skipped: int) -> Path:

@@ -4,6 +4,8 @@ encoder (``acl_fairseq.data.text_encoder.ExampleEncoder``): the input of
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,3 +121,38 @@ def encode_rows(encoder: ExampleEncoder, rows: Sequence[InputRow], source: str) 
         except EncodeError as e:
             raise PredictError(str(e)) from None
     return examples
+
+
+def blank_lines(rows: Sequence[InputRow]) -> list[int]:
+    """The line numbers of the rows whose every text is empty or white space: nothing to
+    classify (predict writes ``-`` for them and says so)."""
+    return [row.line for row in rows if not any(text.strip() for text in row.texts)]
+
+
+def cut_lines(
+    encoder: ExampleEncoder, rows: Sequence[InputRow], examples: Sequence[Tensor]
+) -> list[int]:
+    """The line numbers of the rows that ``encode_rows`` cut at the model's positions (a
+    checkpoint trained with ``--shorten-method truncate``; otherwise a longer row is an
+    error)."""
+    if not encoder.truncate:
+        return []
+    whole = dataclasses.replace(encoder, max_positions=sys.maxsize)
+    return [
+        row.line
+        for row, example in zip(rows, examples)
+        if example.numel() >= encoder.max_positions
+        and whole.encode(row.texts).numel() > encoder.max_positions
+    ]
+
+
+def count_lines(lines: Sequence[int], what: str) -> str:
+    """``"1 blank input line"`` / ``"3 blank input lines"``."""
+    return f"{len(lines)} {what}{'' if len(lines) == 1 else 's'}"
+
+
+def line_list(lines: Sequence[int], shown: int = 5) -> str:
+    """``"line 4"``, ``"lines 2, 5, 9"``, ``"lines 1, 2, 3, 4, 5 and 7 more"``."""
+    head = ", ".join(str(n) for n in lines[:shown])
+    more = f" and {len(lines) - shown} more" if len(lines) > shown else ""
+    return f"line{'' if len(lines) == 1 else 's'} {head}{more}"

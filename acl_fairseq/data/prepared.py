@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..atomic_write import write_json
 from .task_specs import DataError
 from .tokenizer.files import resolve_tokenizer
 from .tokenizer.kinds import Tokenizer, TokenizerConfig, build_tokenizer
@@ -17,9 +18,7 @@ META_FILE = "prepare_glue.json"
 
 def write_meta(bin_dir: Path, meta: dict[str, Any]) -> Path:
     """Writes ``bin_dir/prepare_glue.json``."""
-    path = bin_dir / META_FILE
-    path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_json(bin_dir / META_FILE, meta, indent=2)
 
 
 def read_meta(data_dir: str | Path) -> dict[str, Any]:

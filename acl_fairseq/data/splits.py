@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import struct
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from ..errors import AclFileNotFoundError, AclValueError
 __all__ = [
     "DEV_SEED_OFFSET",
     "FirstExamples",
+    "Overlap",
     "check_disjoint",
     "check_split",
     "count_classes",
@@ -26,6 +28,7 @@ __all__ = [
     "fewshot_train",
     "fewshot_train_dev",
     "load_batches",
+    "overlaps",
     "raw_files",
     "repeated_texts",
     "split_off",
@@ -104,18 +107,43 @@ def without_texts(rows: Sequence[Row], others: Sequence[Row]) -> tuple[list[Row]
     return kept, len(rows) - len(kept)
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """Two splits that share texts: ``shared`` rows of ``second`` whose text is in ``first``;
+    ``pairs``: the first few as ``(index in first, index in second)``."""
+
+    first: str
+    second: str
+    shared: int
+    texts: int  # distinct shared texts
+    pairs: tuple[tuple[int, int], ...]
+
+
+def overlaps(splits: Mapping[str, Sequence[Row]], shown: int = 3) -> list[Overlap]:
+    """Every pair of ``splits`` (in their order) whose rows share a text (every field but
+    the label): an example seen in training and scored in dev or test."""
+    names, found = list(splits), []
+    for i, a in enumerate(names):
+        where: dict[Row, int] = {}
+        for index, row in enumerate(splits[a]):
+            where.setdefault(text_of(row), index)
+        for b in names[i + 1 :]:
+            hits = [(where[text_of(row)], j) for j, row in enumerate(splits[b])
+                    if text_of(row) in where]  # fmt: skip
+            if hits:
+                distinct = len({text_of(splits[b][j]) for _, j in hits})
+                found.append(Overlap(a, b, len(hits), distinct, tuple(hits[:shown])))
+    return found
+
+
 def check_disjoint(splits: Mapping[str, Sequence[Row]]) -> None:
     """``ValueError`` naming two splits that share a text (an example seen in training and
     scored in dev or test), how many texts and the first."""
-    names = list(splits)
-    for i, a in enumerate(names):
-        texts = {text_of(row) for row in splits[a]}
-        for b in names[i + 1 :]:
-            shared = [text_of(row) for row in splits[b] if text_of(row) in texts]
-            if shared:
-                raise ValueError(
-                    f"{a} and {b} share {len(set(shared))} text(s), e.g. {shared[0]!r}"
-                )
+    for overlap in overlaps(splits, shown=1):
+        first = text_of(splits[overlap.second][overlap.pairs[0][1]])
+        raise ValueError(
+            f"{overlap.first} and {overlap.second} share {overlap.texts} text(s), e.g. {first!r}"
+        )
 
 
 def raw_files(data: str | Path) -> str:

@@ -48,6 +48,7 @@ from .calibration_search import (
     search,
     single_cuts,
 )
+from .evidence import check_split
 from .learned_calibration import calibrate_learned
 from .policies import ExitPolicy, PatiencePolicy, make_policy
 from .thresholds import ExitLogits, TargetError, simulate_exits
@@ -218,11 +219,14 @@ def calibrate(
     constraint: str = "agreement",
     head_cost: float = 0.0,
     patience: int | None = None,
+    split: str = "the split",
 ) -> Calibration:
     """The fastest policy of registry ``kind`` within the target on the split: the best single
     threshold (``entropy``, ``maxprob``), patience, or per-exit thresholds (``per_exit_*``,
     with ``patience`` beside them when given), or the learned decision (``learned``:
-    ``learned_calibration``, its threshold on out-of-fold scores)."""
+    ``learned_calibration``, its threshold on out-of-fold scores). A split too small for the
+    kind (``evidence.check_split``) raises ``TooLittleEvidence`` naming ``split``."""
+    check_split(exit_logits, targets, kind, split)
     if kind == "learned":
         if patience is not None:
             raise ValueError("patience goes beside a per-exit policy's thresholds, not learned")
@@ -250,14 +254,16 @@ def calibrated_family(
     constraint: str = "agreement",
     head_cost: float = 0.0,
     patience: int | None = None,
+    split: str = "the split",
 ) -> list[ExitPolicy]:
     """The distinct policies ``calibrate`` finds at each target of ``drops`` (points), in
-    that order: the sweep's rows for a calibrated kind. Unreachable targets are left out."""
+    that order: the sweep's rows for a calibrated kind. Unreachable targets are left out; a
+    split too small for the kind raises ``TooLittleEvidence``."""
     policies: list[ExitPolicy] = []
     for drop in drops:
         try:
             policy = calibrate(
-                kind, exit_logits, targets, drop, constraint, head_cost, patience
+                kind, exit_logits, targets, drop, constraint, head_cost, patience, split
             ).policy
         except TargetError:
             continue

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .evidence import check_learned
 from .learned import LearnedPolicy, fit_logistic, probability_logit, split_features
 from .thresholds import ExitLogits
 
@@ -194,10 +195,13 @@ def calibrate_learned(
     """The learned policy for a target: the model fitted on every row, at the cheapest
     threshold whose out-of-fold decisions make at most the final exit's errors against
     ``reference`` (gold labels, or the final exit's predictions) plus ``max_accuracy_drop``
-    percent of the rows. ``fit``: a ``cross_fit`` of the same split, to reuse."""
+    percent of the rows. ``fit``: a ``cross_fit`` of the same split, to reuse (without one,
+    a split whose folds hold one outcome raises ``evidence.TooLittleEvidence``)."""
     if not max_accuracy_drop >= 0:
         raise ValueError(f"max_accuracy_drop must be >= 0 points, got {max_accuracy_drop}")
-    fit = cross_fit(exit_logits) if fit is None else fit
+    if fit is None:
+        check_learned(exit_logits)
+        fit = cross_fit(exit_logits)
     reference = reference.view(-1).cpu()
     preds = torch.stack([x.argmax(dim=-1).cpu() for _, x in exit_logits], dim=1)
     errors = preds.ne(reference.unsqueeze(1)).numpy()
@@ -216,7 +220,9 @@ def learned_family(
 ) -> list[LearnedPolicy]:
     """The distinct policies ``calibrate_learned`` finds (agreement with the final exit) at
     each of ``drops``, from the most to the least conservative (highest threshold first)."""
-    fit = cross_fit(exit_logits) if fit is None else fit
+    if fit is None:
+        check_learned(exit_logits, "the half of the split the family is fitted on")
+        fit = cross_fit(exit_logits)
     final = exit_logits[-1][1].argmax(dim=-1)
     found = {calibrate_learned(exit_logits, final, d, head_cost, fit) for d in drops}
     return sorted(found, key=lambda p: -p.threshold)

@@ -35,6 +35,7 @@ from typing import NamedTuple
 import torch
 
 from .calibrate import calibrate_per_exit
+from .evidence import check_split
 from .learned_calibration import learned_family
 from .policies import EntropyPolicy, ExitPolicy, MaxProbPolicy, PatiencePolicy
 from .thresholds import ExitLogits, simulate_exits
@@ -172,11 +173,12 @@ def risk_controlled_learned(
 
 
 def risk_controlled_kind(
-    kind: str, exit_logits: ExitLogits, epsilon: float, delta: float
+    kind: str, exit_logits: ExitLogits, epsilon: float, delta: float, split: str = "the split"
 ) -> RiskControl:
     """Risk control for a registry ``kind``: single thresholds on the fixed grid, per-exit
     thresholds or the learned decision on dev halves, or every patience from the most
-    patient down."""
+    patient down. A split too small for the kind raises ``evidence.TooLittleEvidence``."""
+    check_split(exit_logits, None, kind, split)
     if kind == "learned":
         return risk_controlled_learned(exit_logits, epsilon, delta)
     if kind.startswith("per_exit_"):

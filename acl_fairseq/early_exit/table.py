@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..atomic_write import open_atomic
+
 #: Columns of the written table, in order (``exit_share`` only goes to the file).
 COLUMNS = (
     "dtype",
@@ -83,7 +85,7 @@ def write_table(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     delimiter = "," if path.suffix.lower() == ".csv" else "\t"
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with open_atomic(path, "w", newline="") as f:  # whole or not at all
         writer = csv.writer(f, delimiter=delimiter, lineterminator="\n")
         writer.writerow(COLUMNS)
         for row in rows:

@@ -13,8 +13,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from ..errors import AclValueError
 from .predictions import PREDICTIONS_FILE, read_predictions
 from .recipe import flag_groups
 from .results import RESULT_FILE
@@ -23,9 +24,12 @@ __all__ = [
     "LEARNING_RATES",
     "METHODS",
     "DrawResult",
+    "FewshotLengthError",
     "best_on_dev",
+    "check_positions",
     "compare_args",
     "draw_name",
+    "model_positions",
     "protocol_extra",
     "read_draw",
     "run_folder",
@@ -45,6 +49,10 @@ BATCH_SIZE = 32
 PROTOCOL_EXTRA = "--group-by-length --validate-interval 1000 --save-interval 1000"
 
 K = TypeVar("K")
+
+
+class FewshotLengthError(AclValueError):
+    """A draw's example longer than the model's positions, before any run trains on it."""
 
 
 def draw_name(per_class: int, draw: int) -> str:
@@ -154,3 +162,77 @@ def read_draw(
                 found = replace(found, test_correct=tuple(split.correct()))
         results.append(found)
     return results
+
+
+def _flag(args: Sequence[str], name: str) -> str | None:
+    """The last value of ``name`` (``--flag V`` or ``--flag=V``) in ``args``, else None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def model_positions(model: Sequence[str], extra: str = "") -> int | None:
+    """The positions the runs' model takes: ``--max-positions`` of the model flags
+    (``--arch-args-file FILE`` / ``--arch-args '...'`` in ``model``) or ``extra``, else the
+    architecture's default; None when it cannot be told (no ``--arch``)."""
+    from argparse import Namespace
+
+    arch_file, arch_text = _flag(model, "--arch-args-file"), _flag(model, "--arch-args")
+    if arch_file:
+        flags = shlex.split(Path(arch_file).read_text(encoding="utf-8"))
+    else:
+        flags = shlex.split(arch_text or "")
+    flags += shlex.split(extra)
+    given = _flag(flags, "--max-positions")
+    if given is not None:
+        return int(given)
+    arch = _flag(flags, "--arch") or _flag(flags, "-a")
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    if arch not in ARCH_CONFIG_REGISTRY:
+        return None
+    defaults = Namespace()
+    ARCH_CONFIG_REGISTRY[arch](defaults)
+    positions = getattr(defaults, "max_positions", None)
+    return int(positions) if positions is not None else None
+
+
+def _sizes(prefix: Path) -> Any:
+    """The token counts of a binarized split (a copy: the file's map closes with its
+    dataset)."""
+    from fairseq.data import indexed_dataset
+
+    dataset = indexed_dataset.make_dataset(str(prefix), impl="mmap")
+    sizes = dataset.sizes.astype("int64")
+    del dataset
+    return sizes
+
+
+def check_positions(data: str | Path, name: str, positions: int | None, extra: str = "") -> None:
+    """Before any run trains on draw ``name`` (its binarized ``data``): an example longer than
+    the model's ``positions`` (counting ``<s>`` and the separator, as the task builds it)
+    stops here in one line naming ``--shorten-method truncate``, unless ``extra`` passes it
+    (training would stop on it after the model is built, deep in the run's log)."""
+    if positions is None or _flag(shlex.split(extra), "--shorten-method") == "truncate":
+        return
+    data = Path(data)
+    pair = (data / "input1").is_dir()
+    for split in ("train", "valid", "test"):  # the draw's training, dev and test splits
+        if not (data / "input0" / f"{split}.idx").is_file():
+            continue
+        sizes = _sizes(data / "input0" / split) + 1  # <s>
+        if pair:
+            sizes = sizes + _sizes(data / "input1" / split) + 1  # the separator
+        long = int((sizes > positions).sum())
+        if long:
+            verb = "is" if long == 1 else "are"
+            raise FewshotLengthError(
+                f"draw {name}: {long} of the {len(sizes)} {split} examples {verb} longer than "
+                f"the model's {positions} positions (the longest has {int(sizes.max())} "
+                "tokens, counting <s> and the separator): pass --extra '--shorten-method "
+                "truncate' to cut them, or shorten the texts"
+            )

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..atomic_write import open_atomic
 from ..autocast import forward_precision
 from ..errors import AclValueError
 
@@ -103,7 +104,7 @@ def write_predictions(path: str | Path, splits: Sequence[SplitPredictions]) -> P
     for s in splits:
         if sorted(s.exits) != layers:
             raise ValueError(f"split {s.split}: exits {sorted(s.exits)}, expected {layers}")
-    with open(path, "w", encoding="utf-8", newline="") as f:
+    with open_atomic(path, "w", newline="") as f:  # whole or not at all
         writer = csv.writer(f, delimiter="\t", lineterminator="\n")
         writer.writerow(["split", "index", "label", *(f"exit{layer}" for layer in layers)])
         for s in splits:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..atomic_write import write_json
 from .mean_std import summarize
 from .recipe import METHODS
 
@@ -34,9 +35,7 @@ METRIC_RE = re.compile(r"^accuracy(_exit\d+)?$|^(f1|mcc|acc_and_f1)$")
 
 def write_result(run_dir: Path, result: dict[str, Any]) -> Path:
     """Writes ``run_dir/test.json``; returns its path."""
-    path = run_dir / RESULT_FILE
-    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    return path
+    return write_json(run_dir / RESULT_FILE, result)
 
 
 def load_results(out: Path) -> list[dict]:

@@ -13,7 +13,7 @@ every ``nn.LayerNorm``'s eps to ``model.pt["conversion"]["layer_norm_eps"]`` to 
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import shutil
 from collections import OrderedDict
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from acl_fairseq.atomic_write import write_json, write_text, write_with
 from acl_fairseq.hf_bert.state import (
     DEFAULT_HEAD,
     ArchSpec,
@@ -133,14 +134,14 @@ def convert(
         "special_tokens": special_tokens,
         "layer_norm_eps": float(config.get("layer_norm_eps", 1e-12)),
     }
-    torch.save(build_checkpoint(model_state, spec, metadata), out_dir / "model.pt")
+    checkpoint = build_checkpoint(model_state, spec, metadata)
+    write_with(out_dir / "model.pt", lambda tmp: torch.save(checkpoint, tmp))
     write_dict(out_dir / "dict.txt", mapping)
-    (out_dir / "fairseq_args.txt").write_text(" ".join(fairseq_args) + "\n", encoding="utf-8")
-    with open(out_dir / "bert_to_fairseq_ids.json", "w", encoding="utf-8") as f:
-        json.dump(mapping.bert_to_fairseq, f)
+    write_text(out_dir / "fairseq_args.txt", " ".join(fairseq_args) + "\n")
+    write_json(out_dir / "bert_to_fairseq_ids.json", mapping.bert_to_fairseq, indent=None)
     for name in TOKENIZER_FILES:
         if (hf_dir / name).is_file():
-            shutil.copyfile(hf_dir / name, out_dir / name)
+            write_with(out_dir / name, functools.partial(shutil.copyfile, hf_dir / name))
     return {
         "model": str(out_dir / "model.pt"),
         "dict": str(out_dir / "dict.txt"),

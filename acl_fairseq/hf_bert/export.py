@@ -16,7 +16,6 @@ embedding LayerNorm.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..atomic_write import write_json, write_with
 from ..data.tokenizer.kinds import TokenizerConfig
 from ..inference.loader import load_for_inference
 from ..models.heads import DEFAULT_HEAD, exit_head_name
@@ -177,9 +177,12 @@ def export_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     from safetensors.torch import save_file
 
-    save_file(dict(state), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    files = ["config.json", "model.safetensors", *write_tokenizer(encoding, out_dir, max_length)]
+    weights = dict(state)
+    write_with(out_dir / "model.safetensors",
+               lambda tmp: save_file(weights, tmp, metadata={"format": "pt"}))  # fmt: skip
+    tokenizer_files = write_tokenizer(encoding, out_dir, max_length)
+    write_json(out_dir / "config.json", config, indent=2)  # last: the folder is complete
+    files = ["config.json", "model.safetensors", *tokenizer_files]
     return ExportSummary(
         out_dir=out_dir,
         layer=layer,

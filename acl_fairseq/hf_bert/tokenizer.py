@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..atomic_write import write_json, write_text, write_with
 from ..data.tokenizer.kinds import TokenizerConfig, WordPieceTokenizer
 from .state import ConversionError
 from .vocab import ExportedVocab, exported_vocab
@@ -198,7 +199,7 @@ def write_tokenizer(tokenizer: HfTokenizer, out_dir: Path, max_length: int) -> l
     """Writes ``tokenizer.json``, ``tokenizer_config.json`` (``PreTrainedTokenizerFast``: the
     json as it is), ``special_tokens_map.json`` and, for WordPiece, ``vocab.txt``; returns the
     file names."""
-    tokenizer.backend.save(str(out_dir / "tokenizer.json"))
+    write_with(out_dir / "tokenizer.json", tokenizer.backend.save)
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": int(max_length),
@@ -213,10 +214,10 @@ def write_tokenizer(tokenizer: HfTokenizer, out_dir: Path, max_length: int) -> l
         "special_tokens_map.json": tokenizer.specials,
     }
     for name, content in files.items():
-        (out_dir / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        write_json(out_dir / name, content, indent=2)
     names = ["tokenizer.json", *files]
     if tokenizer.wordpiece:
         lines = "".join(f"{token}\n" for token in tokenizer.vocab.tokens)
-        (out_dir / "vocab.txt").write_text(lines, encoding="utf-8")
+        write_text(out_dir / "vocab.txt", lines)
         names.append("vocab.txt")
     return names

@@ -10,6 +10,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic_write import write_text
 from .state import ConversionError
 
 logger = logging.getLogger(__name__)
@@ -135,9 +136,7 @@ def build_vocab_mapping(
 
 def write_dict(path: Path, mapping: VocabMapping) -> None:
     """Write ``dict.txt`` (``SYMBOL 1`` per line; fairseq adds the specials and ``<mask>``)."""
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for sym in mapping.dict_symbols:
-            f.write(f"{sym} 1\n")
+    write_text(path, "".join(f"{sym} 1\n" for sym in mapping.dict_symbols))
 
 
 # ----------------------------------------------------------------------------- the way back

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 from torch import Tensor
 
 from ..early_exit.calibrate import CONSTRAINTS, calibrate, evaluate
+from ..early_exit.evidence import check_split, degenerate
 from ..early_exit.policies import ExitPolicy, make_policy
 from ..early_exit.risk_control import risk_controlled_kind
 from ..early_exit.thresholds import ExitLogits, TargetError, choose_row
@@ -170,13 +171,34 @@ def choose(
     """The ``kind`` policy to deploy for ``target``, from one pass over ``split``
     (``rows``: that pass's sweep rows, for ``--target-speedup``).
 
+    A choice that lets every row leave at its first exit whatever its confidence
+    (``evidence.degenerate``) carries a ``warning`` in its evidence (printed, and saved).
+
     Raises:
         TargetError: nothing meets the target, or only full depth does (the message names
             the flag and what to change).
+        TooLittleEvidence: ``split`` is too small for the kind (``evidence.check_split``).
     """
     target.check()
     if len(exit_logits) < 2:
         raise ValueError("early exit needs a shallow exit: the model has only its final exit")
+    check_split(exit_logits, targets, kind, split)
+    choice = _choose(kind, exit_logits, targets, target, rows, split)
+    why = degenerate(choice.policy, exit_logits)
+    if why:
+        choice = choice._replace(evidence={**choice.evidence, "warning": why})
+    return choice
+
+
+def _choose(
+    kind: str,
+    exit_logits: ExitLogits,
+    targets: Tensor,
+    target: DeployTarget,
+    rows: Sequence[dict[str, Any]],
+    split: str,
+) -> Choice:
+    """``choose`` once the split is checked."""
     if target.target_speedup is not None:
         row = choose_row(rows, target_speedup=target.target_speedup, constraint=target.constraint)
         choice = Choice(make_policy(row["policy"], row["threshold"]), "swept", {})
@@ -185,7 +207,7 @@ def choose(
     n = int(targets.numel())
     if target.risk_control is not None:
         delta = target.risk_control
-        result = risk_controlled_kind(kind, exit_logits, drop / 100.0, delta)
+        result = risk_controlled_kind(kind, exit_logits, drop / 100.0, delta, split)
         if result.passed == 0:
             halves = (
                 " (fitted on one half, certified on the other)"
@@ -206,8 +228,9 @@ def choose(
         return _paying(Choice(result.policy, "risk control", evidence), None, exit_logits,
                        target, split, targets)  # fmt: skip
     cal = calibrate(
-        kind, exit_logits, targets, drop, target.constraint, target.head_cost, target.patience
-    )
+        kind, exit_logits, targets, drop, target.constraint, target.head_cost, target.patience,
+        split,
+    )  # fmt: skip
     if cal.policy.never_exits(len(exit_logits) - 1):
         raise TargetError(
             f"--max-accuracy-drop {drop:g} (--constraint {target.constraint}): on {split} no "

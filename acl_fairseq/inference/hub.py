@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch import Tensor
 
 from ..data.text_encoder import ExampleEncoder
 from ..early_exit.policies import EntropyPolicy, ExitPolicy, as_policy
+from ..errors import AclValueError
 from ..models.multi_exit_roberta import MultiExitRobertaModel
 from ..runtime.precision import model_precision
 from ..runtime.rows import EarlyExitResult
@@ -116,12 +118,26 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
             return super().encode(sentence, *addl_sentences, no_separator=no_separator)
         return self.example_encoder.encode([sentence, *addl_sentences], where="hub.encode")
 
-    def _batch(self, tokens: Tensor) -> Tensor:
-        """1D (T) or 2D (B x T) fairseq ids -> B x T on the model's device."""
+    def _batch(self, tokens: Tensor | Sequence[int]) -> Tensor:
+        """1D (T) or 2D (B x T) fairseq ids (a tensor, or a list of ids) -> B x T on the
+        model's device; ``AclValueError`` naming the fix for no ids or something else."""
+        if not isinstance(tokens, Tensor):
+            try:
+                tokens = torch.as_tensor(tokens, dtype=torch.long)
+            except (TypeError, ValueError, RuntimeError):
+                raise AclValueError(
+                    f"tokens must be fairseq ids, a T or B x T tensor (hub.encode(text) makes "
+                    f"one), not {type(tokens).__name__}"
+                ) from None
+        if tokens.numel() == 0:
+            raise AclValueError(
+                f"tokens is empty (shape {tuple(tokens.shape)}): nothing to predict; encode a "
+                "text first (hub.encode(text)), which gives at least <s> and </s>"
+            )
         if tokens.dim() == 1:
             tokens = tokens.unsqueeze(0)
         if tokens.dim() != 2:
-            raise ValueError(f"tokens must be T or B x T, got shape {tuple(tokens.shape)}")
+            raise AclValueError(f"tokens must be T or B x T, got shape {tuple(tokens.shape)}")
         if tokens.size(-1) > self.model.max_positions():
             raise ValueError(
                 f"tokens exceeds maximum length: {tokens.size(-1)} > {self.model.max_positions()}"

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..atomic_write import write_text
 from ..early_exit.policies import ExitPolicy, parse_policy
 from ..runtime.precision import check_precision
 
@@ -71,6 +72,7 @@ class SavedPolicy:
         chosen = self.fields.get("chosen_by") or {}
         values = {"dtype": self.dtype, **chosen, **self.fields}
         keys = ("dtype", "backend", "target", "constraint", "split", "accuracy", "layer_speedup")
+        keys += ("warning",)  # the sweep's, on a policy that ignores the row
         return ", ".join(f"{k} {values[k]}" for k in keys if k in values)
 
     def backend_at(self, dtype: str | None = None) -> str | None:
@@ -138,7 +140,8 @@ def write_policy(
     ``checkpoint``; ``by_dtype``: ``{dtype: {"policy": ExitPolicy, **its fields}}``;
     ``fingerprint``: the ``model_fingerprint`` of the checkpoint it was chosen on.
 
-    Returns the path written.
+    Returns the path written. The file is written beside and renamed (``atomic_write``): a
+    failed write leaves the previous file as it was.
     """
     path = policy_path(checkpoint)
     record: dict[str, Any] = {"policy": policy.spec}
@@ -154,8 +157,7 @@ def write_policy(
             check_precision(d): {**entry, "policy": entry["policy"].spec}
             for d, entry in by_dtype.items()
         }
-    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    return path
+    return write_text(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
 
 
 def read_policy(checkpoint: str | Path) -> SavedPolicy | None:

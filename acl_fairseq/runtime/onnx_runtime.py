@@ -23,7 +23,10 @@ Exported files are cached under the folder given, in a folder named by the model
 fingerprint (``checkpoint.fingerprint``), its head and the export format; one file per
 segment and precision (``layers{FIRST}-{LAST}.{TAG}.onnx``, ``segment_tag``: int8 with 7-bit
 weights on a CPU without VNNI is its own file), so exit sets that share a segment
-share its file and a second load exports nothing. onnxruntime is optional and imported lazily.
+share its file and a second load exports nothing. A cached file that ONNX Runtime cannot load
+(cut short, emptied, overwritten) is exported again, once; the cache folder is checked before
+anything is exported (``check_cache_folder``: one line naming ``--onnx-cache``).
+onnxruntime is optional and imported lazily.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -42,10 +46,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..atomic_write import describe_failure, write_with
 from ..checkpoint.fingerprint import model_fingerprint
 from ..cpu_features import has_vnni
 from ..early_exit.policies import ExitPolicy, as_policy
-from ..errors import AclFairseqError, AclValueError
+from ..errors import AclFairseqError, AclOSError, AclRuntimeError, AclValueError
 from .precision import model_precision
 from .row_decider import RowDecider
 from .rows import EarlyExitResult, RunningRows
@@ -59,6 +64,7 @@ __all__ = [
     "ExitLogits",
     "OnnxRuntimeMissing",
     "OrtEarlyExit",
+    "check_cache_folder",
     "export_onnx",
     "export_segment",
     "global_pool",
@@ -117,6 +123,28 @@ def export_onnx(
             dynamic_axes=axes, opset_version=OPSET, dynamo=False,
         )  # fmt: skip
     module.eval()  # the exporter restores the module's mode: keep it in eval mode
+
+
+def check_cache_folder(folder: str | Path, flag: str = "--onnx-cache") -> Path:
+    """``folder``, created (with its parents) and writable, for the exported segments; else an
+    ``AclOSError`` naming ``flag`` and the fix (a file in the way, a folder that cannot be
+    created or written)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        in_way = isinstance(e, (FileExistsError, NotADirectoryError))
+        reason = "a file is in the way" if in_way else (e.strerror or str(e)).lower()
+        raise AclOSError(
+            f"{flag} {folder}: cannot create the folder of the exported ONNX segments "
+            f"({reason}): give {flag} a folder you may write to"
+        ) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise AclOSError(
+            f"{flag} {folder}: the folder of the exported ONNX segments is not writable: give "
+            f"{flag} a folder you may write to"
+        )
+    return folder
 
 
 def weight_bits() -> int:
@@ -317,19 +345,18 @@ class OrtEarlyExit:
         pooling = self.heads[self.num_layers].pooling
         key = json.dumps([fingerprint, head, pooling, FORMAT, OPSET])
         tag = hashlib.sha256(key.encode()).hexdigest()[:8]
-        self.folder = Path(folder) / f"onnx-{fingerprint[:16]}-{tag}"
+        self.folder = check_cache_folder(folder) / f"onnx-{fingerprint[:16]}-{tag}"
         self._sessions: dict[tuple[int, int], Any] = {}
 
     def segment_file(self, first: int, last: int, dtype: str | None = None) -> Path:
         """The ONNX file of layers ``first..last`` at ``dtype`` (default: the runner's),
-        exported (int8: quantized from the fp32 file) unless already cached."""
-        from ..checkpoint.atomic_files import replace_atomically
-
+        exported (int8: quantized from the fp32 file) unless already cached. Written beside
+        and renamed: a full disk leaves no partial file (one line naming the disk)."""
         dtype = dtype or self.dtype
         path = self.folder / f"layers{first}-{last}.{segment_tag(dtype)}.onnx"
         if path.is_file():
             return path
-        self.folder.mkdir(parents=True, exist_ok=True)
+        check_cache_folder(self.folder)
         source = self.segment_file(first, last, "fp32") if dtype == "int8" else None
 
         def write(tmp: str) -> None:
@@ -338,8 +365,65 @@ class OrtEarlyExit:
             else:
                 export_segment(self.model, self.heads[last], first, last, Path(tmp))
 
-        replace_atomically(str(path), write)
+        try:
+            write_with(path, write)
+        except AclFairseqError:
+            raise
+        except Exception as e:
+            if source is None or not self._unreadable(source, e):
+                raise
+            self._reexport(source, e)  # a damaged cached fp32 file: made again, then quantized
+            self.segment_file(first, last, "fp32")
+            write_with(path, write)
         return path
+
+    @staticmethod
+    def _unreadable(path: Path, error: Exception) -> bool:
+        """Whether ``error`` (of ONNX Runtime or onnx reading ``path``) says the file is not a
+        model: cut short, emptied or overwritten."""
+        return path.is_file() and not isinstance(error, (AclFairseqError, MemoryError))
+
+    def _reexport(self, path: Path, error: Exception) -> None:
+        """Removes the cached ``path`` that could not be loaded (``error``), with a note; the
+        next ``segment_file`` exports it again."""
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
+        logging.getLogger(__name__).warning(
+            "%s: the cached ONNX segment could not be loaded (%s): exported again", path,
+            first_line,
+        )  # fmt: skip
+        try:
+            path.unlink()
+        except OSError as e:
+            raise AclOSError(describe_failure(path, e, True)) from None
+
+    def _session(self, first: int, last: int) -> Any:
+        """The session of layers ``first..last`` at the runner's precision; a cached file that
+        does not load is exported again once (then, still failing, named with the command that
+        clears the cache)."""
+        path = self.segment_file(first, last)
+        options = {"spinning": False, "shared": self.shared_pool}
+        options["disabled_optimizers"] = INT8_DISABLED if self.dtype == "int8" else ()
+        try:
+            return ort_session(path, self.threads, **options)
+        except AclFairseqError:
+            raise
+        except Exception as e:
+            if not self._unreadable(path, e):
+                raise
+            self._reexport(path, e)
+            if self.dtype == "int8":  # its fp32 source may be the damaged one
+                fp32 = self.folder / f"layers{first}-{last}.fp32.onnx"
+                if fp32.is_file():
+                    fp32.unlink()
+            path = self.segment_file(first, last)
+        try:
+            return ort_session(path, self.threads, **options)
+        except Exception as e:
+            raise AclRuntimeError(
+                f"{path}: ONNX Runtime cannot load the segment, exported again just now "
+                f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}): "
+                f"clear the cache (rm -r {self.folder}) and run again"
+            ) from None
 
     def segments(self, exits: Sequence[int]) -> list[tuple[int, Any]]:
         """``[(exit layer, session)]`` of the segments ending at ``exits`` (shallow, in order)
@@ -347,11 +431,7 @@ class OrtEarlyExit:
         out, first = [], 1
         for last in [*exits, self.num_layers]:
             if (first, last) not in self._sessions:
-                path = self.segment_file(first, last)
-                self._sessions[first, last] = ort_session(
-                    path, self.threads, spinning=False, shared=self.shared_pool,
-                    disabled_optimizers=INT8_DISABLED if self.dtype == "int8" else (),
-                )  # fmt: skip
+                self._sessions[first, last] = self._session(first, last)
             out.append((last, self._sessions[first, last]))
             first = last + 1
         return out

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from acl_fairseq.acl_grad import AngleRecord
+from acl_fairseq.atomic_write import open_atomic, write_text
 from acl_fairseq.cli.compare.plan import format_lambda
 from acl_fairseq.experiment.mean_std import fmt, fmt_mean_std, summarize
 from acl_fairseq.experiment.recipe import METHODS, MULTI_EXIT_METHODS
@@ -221,9 +222,9 @@ def report(out: Path) -> tuple[str, list[list[Any]], list[list[Any]]]:
 
 def write_report(out: Path) -> Path:
     text, per_run, summary = report(out)
-    (out / "results.md").write_text(text, encoding="utf-8")
+    write_text(out / "results.md", text)
     for name, rows in (("results.csv", per_run), ("summary.csv", summary)):
-        with open(out / name, "w", newline="", encoding="utf-8") as f:
+        with open_atomic(out / name, "w", newline="") as f:
             writer = csv.writer(f, lineterminator="\n")
             for row in rows:
                 writer.writerow([f"{v:.6g}" if isinstance(v, float) else v for v in row])

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from acl_fairseq.acl_grad import read_angle_log
+from acl_fairseq.atomic_write import write_json, write_text
 from acl_fairseq.cli.compare.plan import (
     CE_SCL_ANGLE_THRESHOLD,
     Run,
@@ -280,23 +281,19 @@ def execute(
         if run_dir.exists():
             shutil.rmtree(run_dir.resolve())
         run_dir.resolve().mkdir(parents=True)
-        (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n", encoding="utf-8")
-        (run_dir / "run.json").write_text(
-            json.dumps(
-                {
-                    "run": run.name,
-                    "method": run.method,
-                    "seed": run.seed,
-                    "lambda": run.lam,
-                    "sweep": run.sweep,
-                    "acl_grad_threshold": grad_threshold(run, opts),
-                    "stage1": run.stage1.name if run.stage1 else None,
-                    "train_command": expected,
-                },
-                indent=1,
-            )
-            + "\n",
-            encoding="utf-8",
+        write_text(run_dir / "command.txt", shlex.join(cmd) + "\n")
+        write_json(
+            run_dir / "run.json",
+            {
+                "run": run.name,
+                "method": run.method,
+                "seed": run.seed,
+                "lambda": run.lam,
+                "sweep": run.sweep,
+                "acl_grad_threshold": grad_threshold(run, opts),
+                "stage1": run.stage1.name if run.stage1 else None,
+                "train_command": expected,
+            },
         )
 
         def on_record(kind: str, record: dict) -> None:
@@ -328,7 +325,7 @@ def execute(
             )
         for interval_copy in run_dir.glob("checkpoint_*_*.pt"):
             interval_copy.unlink()
-        (run_dir / "train.done").write_text("", encoding="utf-8")
+        write_text(run_dir / "train.done", "")
 
     dev = best_dev((run_dir / "train.log").read_text(encoding="utf-8"), opts.dev_subset)
     check_best_checkpoint(best, dev)

@@ -44,7 +44,6 @@ Example (a BERT converted by acl-fairseq-convert-bert into M/)::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shlex
@@ -52,6 +51,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from acl_fairseq.atomic_write import write_json, write_text
 from acl_fairseq.cli import HelpFormatter
 from acl_fairseq.data.binarize import Options, prepare_tasks
 from acl_fairseq.data.splits import check_disjoint, fewshot_train_dev
@@ -133,6 +133,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """Every number and list of the command line, before anything is read or trained."""
     if args.tsv is None or (args.test is None and args.test_size is None):
         raise FewshotError("give the TSV and --test FILE or --test-size N (or --report-only)")
+    check_out(args.out)
     unknown = [m for m in args.methods if m not in fewshot.METHODS]
     if unknown:
         raise FewshotError(f"--methods: {', '.join(unknown)}; expected some of "
@@ -162,6 +163,14 @@ def check_flags(args: argparse.Namespace) -> None:
         fewshot.protocol_extra(args.extra)
     except ValueError as e:
         raise FewshotError(f"--extra {args.extra!r}: {e}") from None
+
+
+def check_out(out: Path) -> None:
+    """``--out`` is a folder, or not there yet (it is made)."""
+    if out.exists() and not out.is_dir():
+        raise FewshotError(
+            f"--out {out}: a file, not a folder: give a folder for the study (made if missing)"
+        )
 
 
 def model_and_tokenizer(args: argparse.Namespace):
@@ -221,7 +230,7 @@ def prepare_draw(out: Path, name: str, splits: dict[str, list[Row]], opts: Optio
         )
     raw.mkdir(parents=True, exist_ok=True)
     for split, text in texts.items():
-        (raw / f"{split}.tsv").write_text(text, encoding="utf-8")
+        write_text(raw / f"{split}.tsv", text)
     inputs = len(splits["train"][0]) - 1
     task = tsv_task(name, raw / "train.tsv", raw / "dev.tsv", raw / "test.tsv",
                     tuple(range(1, inputs + 1)), inputs + 1, labels=labels)  # fmt: skip
@@ -247,13 +256,13 @@ def write_report(
     table = report(results, test_size)
     if leaks:
         table += "\n" + "".join(f"**Warning**: {leak}\n" for leak in leaks)
-    (out / "fewshot.md").write_text(table, encoding="utf-8")
+    write_text(out / "fewshot.md", table)
     draws = [{"per_class": r.per_class, "draw": r.draw, "method": r.method, "lr": r.lr,
               "dev": r.dev, "test": r.test, "dev_by_lr": r.dev_by_lr,
               "test_by_lr": r.test_by_lr} for r in results]  # fmt: skip
     payload = {"test_size": test_size, "draws": draws, "comparisons": comparison_rows(results)}
     payload["warnings"] = list(leaks)
-    (out / "fewshot.json").write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    write_json(out / "fewshot.json", payload)
     return table
 
 
@@ -287,6 +296,7 @@ def shared_texts(out: Path, grid: dict) -> list[str]:
 
 def report_only(args: argparse.Namespace) -> str:
     """The table of ``--out``'s finished runs, at the grid of its last run."""
+    check_out(args.out)
     out = args.out.resolve()
     grid = record.recorded_grid(out, build_parser().parse_args)
     try:
@@ -317,6 +327,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> str:
     opts = Options(out_dir=out / "data", tokenizer=config, srcdict=srcdict, workers=args.workers,
                    spm_vocab_size=args.spm_vocab_size,
                    spm_character_coverage=args.spm_character_coverage)  # fmt: skip
+    positions = fewshot.model_positions(model, fewshot.protocol_extra(args.extra))
     results = []
     for k in args.per_class:
         for draw in range(1, args.draws + 1):
@@ -328,6 +339,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> str:
             except ValueError as e:
                 raise FewshotError(f"draw {name}: {e}") from None
             data = prepare_draw(out, name, splits, opts, labels)
+            fewshot.check_positions(data, name, positions, args.extra)  # before any training
             for lr in args.lrs:
                 run_compare(fewshot.compare_args(
                     data, fewshot.runs_folder(out, k, draw, lr), draw, lr, args.methods,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from acl_fairseq.atomic_write import write_json
 from acl_fairseq.errors import AclValueError
 from acl_fairseq.experiment.fewshot import protocol_extra
 
@@ -185,7 +186,7 @@ def check_and_record(
     record.setdefault("settings", now)
     record["grid"] = grid
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    write_json(path, record)
 
 
 def recorded_grid(out: Path, parse: Callable[[list[str]], argparse.Namespace]) -> dict[str, Any]:

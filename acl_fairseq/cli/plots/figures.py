@@ -16,6 +16,8 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from acl_fairseq.atomic_write import open_atomic, write_with  # noqa: E402
+
 COLORS = {
     "ce": "tab:gray",
     "ce_scl": "tab:orange",
@@ -30,7 +32,7 @@ class Skipped(Exception):
 
 
 def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with open_atomic(path, "w", newline="") as f:  # whole or not at all
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(header)
         for row in rows:
@@ -43,7 +45,7 @@ def save_plot(
     """Writes ``name``.png and the numbers behind it as ``name``.csv; returns both paths."""
     fig.tight_layout()
     png = out_dir / f"{name}.png"
-    fig.savefig(png, dpi=150)
+    write_with(png, lambda tmp: fig.savefig(tmp, dpi=150, format="png"))
     plt.close(fig)
     write_csv(out_dir / f"{name}.csv", header, rows)
     return [png, out_dir / f"{name}.csv"]

@@ -403,6 +403,12 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
         print("\nchosen (" + ", ".join(f"{k} {v}" for k, v in target.describe().items()) + "):")
         for p in chosen:
             print("  " + _describe(p.dtype, p.choice, p.entry, args.split))
+            if p.entry.get("warning"):  # deployed, and said so (here and in the file)
+                print(
+                    f"  warning: {p.entry['warning']}; saved with this warning: check on a "
+                    "larger split, or choose another --policy"
+                )
+                _progress(f"warning: {p.dtype}: {p.entry['warning']}")
         on = (
             " on onnxruntime (acl-fairseq-predict's default backend now)"
             if chosen[0].backend == "onnxruntime"

@@ -15,6 +15,7 @@ import torch
 
 from acl_fairseq.cli.sweep.checks import DEFAULT_DROPS
 from acl_fairseq.early_exit.calibrate import calibrated_family
+from acl_fairseq.early_exit.evidence import check_split
 from acl_fairseq.early_exit.policies import make_policy, policy_kind
 from acl_fairseq.early_exit.table import format_layer_scores
 from acl_fairseq.early_exit.thresholds import (
@@ -48,6 +49,12 @@ class Precision:
         self.extra: dict[str, Any] = {}
 
 
+def split_name(args: argparse.Namespace) -> str:
+    """``--split NAME`` (and ``--max-examples N`` when it cuts it), as the messages name it."""
+    cut = f" (--max-examples {args.max_examples})" if args.max_examples else ""
+    return f"--split {args.split}{cut}"
+
+
 def _policies(args: argparse.Namespace, exits: Any, thresholds: Any, head_cost: float) -> list:
     """The rows' policies at one precision: the kind's thresholds (from the first precision's
     pass, so that rows line up) or, for a calibrated kind, its policies at each target."""
@@ -56,6 +63,7 @@ def _policies(args: argparse.Namespace, exits: Any, thresholds: Any, head_cost: 
         drops = sorted({*(args.drops or DEFAULT_DROPS), args.max_accuracy_drop or 0.0})
         return calibrated_family(
             args.policy, exit_logits, targets, drops, args.constraint, head_cost, args.patience,
+            split_name(args),
         )  # fmt: skip
     return [make_policy(args.policy, t) for t in thresholds]
 
@@ -86,10 +94,14 @@ def calibrate(
     out.note = f"{label}:\n\n{format_layer_scores(scores, model.num_layers)}\n"
     if thresholds is None and not policy_kind(args.policy).calibrated:
         thresholds = sweep_thresholds(args.thresholds, args.policy, exit_logits, num_classes)
+    if target is not None or policy_kind(args.policy).calibrated:  # before any fitting
+        check_split(exit_logits, targets, args.policy, split_name(args))
     out.policies = _policies(args, exits, thresholds, head_cost)
     out.oracles = oracle_rows(exit_logits, targets, first, label)
     if out.target is not None and out.target.max_accuracy_drop is not None:
-        out.choice = deploy.choose(args.policy, exit_logits, targets, out.target, split=args.split)
+        out.choice = deploy.choose(
+            args.policy, exit_logits, targets, out.target, split=split_name(args)
+        )
         if out.choice.policy not in out.policies:
             out.policies.append(out.choice.policy)
     for size in args.batch_sizes:
@@ -130,7 +142,9 @@ def finish(args: argparse.Namespace, out: Precision) -> None:
     part = [r for r in out.rows if r["batch_size"] == args.batch_sizes[0]]
     target = out.target
     if target is not None and target.target_speedup is not None:
-        out.choice = deploy.choose(args.policy, exit_logits, targets, target, part, args.split)
+        out.choice = deploy.choose(
+            args.policy, exit_logits, targets, target, part, split_name(args)
+        )
     if out.choice is None:
         return
     assert target is not None  # a choice comes from a target
