@@ -208,6 +208,7 @@ def losses(out: str, kind: str) -> list[float]:
     return [float(r[key]) for r in json_records(out) if key in r and "epoch" in r]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_refit_fits_the_same_heads_with_and_without_the_cache(tmp_path, workers):
     """Dropout 0 in the encoder (there today's refit, the encoder in train mode, computes what
