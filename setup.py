@@ -15,7 +15,8 @@ setup(
     # fairseq itself is installed separately (fairseq-fixed, built with
     # --no-build-isolation --no-deps, see the README): listing it here would make pip
     # pull torchaudio and a second torch.
-    install_requires=["torch>=2.5", "numpy>=2", "sentencepiece", "tokenizers"],
+    # safetensors: acl-fairseq-convert-bert reads Hugging Face weights (the demo's MiniLM)
+    install_requires=["torch>=2.5", "numpy>=2", "sentencepiece", "tokenizers", "safetensors"],
     extras_require={
         # onnxruntime, onnx, onnxscript: the ONNX Runtime backend's tests
         # (acl_fairseq.runtime.onnx_runtime; none of them pulls a torch)

@@ -17,6 +17,7 @@ import torch
 from fork_server import ForkServer
 
 from acl_fairseq.cli.demo import cli as demo
+from acl_fairseq.cli.demo.clock import Clock
 from acl_fairseq.cpu_features import has_native_bf16
 from acl_fairseq.experiment.recipe import flag_value
 from acl_fairseq.inference.saved_policy import read_policy
@@ -136,6 +137,9 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     linear = {k for k in after if "_exit" in k}
     assert linear == {k for k in heads if ".out_proj." in k}
     assert not any(torch.equal(before[k], after[k]) for k in linear)
+    # the frozen part ran once per sentence, its outputs cached (models.frozen_backbone)
+    said = "--freeze-backbone: the frozen part runs once per sentence"
+    assert said in (ckpt.parent / "train.log").read_text()
     # the deployable path: int8 and a policy chosen on dev, saved, reported, run by predict
     saved = read_policy(ckpt)
     assert saved is not None and saved.dtype == "int8" and saved.policy.kind == "entropy"
@@ -152,6 +156,7 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     assert "acl-fairseq-predict: dtype: int8" in output
     assert "acl-fairseq-predict: 5 sentences, " in output
     assert "chosen: int8 + entropy:" in (work / "results.md").read_text()
+    assert "time per step, wall / CPU seconds" in output and "done in " in output
     assert "DEBUG" not in output
     assert "Namespace(" not in output
 
@@ -165,3 +170,18 @@ def test_demo_reports_a_bad_size_in_one_line(tmp_path, capsys, flags, message):
     assert demo.main(["--work-dir", str(tmp_path), *flags]) == 2
     assert capsys.readouterr().err == f"acl-fairseq-demo: error: {message}\n"
     assert not any(tmp_path.iterdir())  # checked before anything is fetched or written
+
+
+def test_the_clock_counts_the_cpu_time_of_the_commands_a_step_ran():
+    clock = Clock()
+    burn = "import time\nwhile time.process_time() < 0.3: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    wall, cpu = clock.lap("1 burn")
+    assert cpu >= 0.3 and wall >= 0  # the command's CPU seconds, by construction
+    clock.lap("2 nothing")
+    assert [label for label, _, _ in clock.laps] == ["1 burn", "2 nothing"]
+    assert clock.summary().startswith(
+        f"time per step, wall / CPU seconds (its commands "
+        f"included): 1 burn {wall:.0f} / {cpu:.0f}, 2 nothing "
+    )
+    assert clock.total()[1] >= cpu

@@ -214,10 +214,13 @@ def test_configs_document_the_cpu_overrides():
 def test_install_sh_installs_fairseq_last_without_dependency_checks():
     """pip reports fairseq-fixed's missing torchaudio whenever a later install touches one of
     fairseq's dependencies; pip skips that report for --no-deps, so fairseq goes last."""
-    lines = (REPO / "scripts" / "install.sh").read_text().splitlines()
+    text = (REPO / "scripts" / "install.sh").read_text().replace("\\\n", " ")
+    lines = text.splitlines()  # a command continued over lines (\) on one line
     installs = [i for i, line in enumerate(lines) if "$PIP install" in line]
     fairseq = [i for i in installs if "fairseq-fixed" in lines[i]]
     assert len(fairseq) == 1 and fairseq[0] == installs[-1]
     assert "--no-deps" in lines[fairseq[0]] and "--no-build-isolation" in lines[fairseq[0]]
     assert not any("torchaudio" in lines[i] for i in installs)
     assert "tensorboardX" in "\n".join(lines[installs[0] :])
+    # the extensions compile on every core and without debug information
+    assert "build_ext -j" in lines[fairseq[0]] and "-g0" in lines[fairseq[0]]

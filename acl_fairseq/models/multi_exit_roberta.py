@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..errors import AclValueError
 from ..fairseq_patches import mark_in_use
+from .frozen_backbone import DEFAULT_CACHE_MB, FrozenBackboneMixin
 from .heads import (
     DEFAULT_HEAD,
     EXIT_HEAD_CHOICES,
@@ -99,7 +100,7 @@ def parse_exit_layers(spec: Any, num_layers: int) -> tuple[int, ...]:
 
 
 @register_model("multi_exit_roberta")
-class MultiExitRobertaModel(RobertaModel):
+class MultiExitRobertaModel(FrozenBackboneMixin, RobertaModel):
     """RoBERTa with a classification exit after selected layers (see module docstring)."""
 
     def __init__(self, args: Any, encoder: Any) -> None:
@@ -153,7 +154,18 @@ class MultiExitRobertaModel(RobertaModel):
             "--freeze-backbone",
             action="store_true",
             help="DeeBERT-style second stage: train only the shallow exit heads; the "
-            "embeddings, the transformer layers and the final exit are frozen",
+            "embeddings, the transformer layers and the final exit are frozen (in eval mode, "
+            "no dropout) and, with --task acl_sentence_prediction, run once per sentence: "
+            "what they give the exits is cached (--freeze-backbone-cache-mb)",
+        )
+        parser.add_argument(
+            "--freeze-backbone-cache-mb",
+            type=float,
+            metavar="MB",
+            help="with --freeze-backbone: memory for the frozen part's outputs, cached per "
+            "sentence (shallow exits x hidden size + the final exit's, in floats); sentences "
+            "beyond it run the frozen encoder every time; 0: no cache "
+            f"(default {DEFAULT_CACHE_MB})",
         )
 
     @classmethod
@@ -204,17 +216,6 @@ class MultiExitRobertaModel(RobertaModel):
             )
         if safe_getattr(self.args, "freeze_backbone", False):
             self.freeze_backbone(name)
-
-    def freeze_backbone(self, name: str = DEFAULT_HEAD) -> None:
-        """Leaves only the shallow exit heads of group ``name`` trainable."""
-        if not self.shallow_exit_layers:
-            raise AclValueError(
-                "--freeze-backbone leaves nothing to train: the model has no shallow exits "
-                "(--exit-layers none)"
-            )
-        self.requires_grad_(False)
-        for _layer, head in self.exit_heads(name)[:-1]:
-            head.requires_grad_(True)
 
     def _build_head(self, num_classes: int | None, inner_dim: int | None, kind: str = "mlp"):
         args = self.args
@@ -285,6 +286,9 @@ class MultiExitRobertaModel(RobertaModel):
             one ``ExitOutput`` per exit ordered by layer; the last one's logits equal
             ``self(src_tokens, classification_head_name=name)[0]``.
         """
+        cached = self.cached_exit_outputs(src_tokens, classification_head_name)
+        if cached is not None:  # --freeze-backbone: the frozen part's outputs, once per sentence
+            return cached
         heads = self.exit_heads(classification_head_name)
         features, extra = self.encoder(src_tokens, features_only=True, return_all_hiddens=True)
         inner_states = extra["inner_states"]  # L+1 tensors T x B x C, index 0 = embeddings

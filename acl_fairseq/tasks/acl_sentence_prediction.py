@@ -120,6 +120,8 @@ class AclSentencePredictionTask(SentencePredictionTask):
         # method, so that copies of the model (EMA) load into themselves
         model.load_state_dict = types.MethodType(load_state_dict_checked, model)
         self._last_model = weakref.ref(model)
+        if not from_checkpoint and hasattr(model, "use_frozen_cache"):
+            model.use_frozen_cache()  # --freeze-backbone: the frozen part once per sentence
         if not from_checkpoint:  # RoBERTa's LM head is no part of sentence classification
             lm_head = [n for n, p in model.named_parameters() if p.requires_grad and "lm_head" in n]
             check_unused_parameters(self.cfg, lm_head)

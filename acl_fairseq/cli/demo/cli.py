@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from acl_fairseq.cli.demo import deployable as deploy
+from acl_fairseq.cli.demo.clock import Clock, cpu_seconds
 from acl_fairseq.cpu_features import has_native_bf16
 from acl_fairseq.data.task_specs import DataError
 from acl_fairseq.errors import AclRuntimeError, AclValueError, run_tool
@@ -189,11 +190,12 @@ def train(
         validate_interval_updates=max(25, updates // 3),
         extra=["--autocast", args.autocast] if args.autocast != "none" else [],
     )
-    start = time.time()
+    start = (time.time(), cpu_seconds())
     run_logged(cmd, save_dir / "train.log")
     for interval_copy in save_dir.glob("checkpoint_*_*.pt"):
         interval_copy.unlink()
-    print(f"   trained in {time.time() - start:.0f} s")
+    wall, cpu = Clock.since(start)
+    print(f"   trained in {wall:.0f} s (CPU {cpu:.0f} s)")
     return best
 
 
@@ -314,9 +316,11 @@ def check_args(args: argparse.Namespace) -> None:
         )
 
 
-def report_deployable(checkpoint: Path, data: Path, work: Path, args: argparse.Namespace) -> str:
+def report_deployable(
+    checkpoint: Path, data: Path, work: Path, args: argparse.Namespace, clock: Clock | None = None
+) -> str:
     """Steps 6 and 7: the precision and policy chosen on dev, then that choice on test
-    against fp32 at full depth (``deploy``); returns what it printed."""
+    against fp32 at full depth (``deploy``); returns what it printed. ``clock``: a lap each."""
     dtypes = ",".join(deploy.DTYPES)
     step(
         f"6/{STEPS} choose a precision and an early-exit policy on dev: acl-fairseq-sweep "
@@ -324,6 +328,8 @@ def report_deployable(checkpoint: Path, data: Path, work: Path, args: argparse.N
     )
     saved, chosen = deploy.choose_on_dev(checkpoint, data, work, args.max_accuracy_drop)
     print(chosen)
+    if clock is not None:
+        clock.lap("6 choose on dev")
     step(
         f"7/{STEPS} the choice on the test split: accuracy, layers used, speed-up over fp32 at "
         "full depth"
@@ -348,6 +354,8 @@ def report_deployable(checkpoint: Path, data: Path, work: Path, args: argparse.N
         f"{shown(work / 'early_exit_test.tsv')}, {shown(work / 'early_exit_test_timed.tsv')}.",
     ])  # fmt: skip
     print(text)
+    if clock is not None:
+        clock.lap("7 measure on test")
     return text
 
 
@@ -360,12 +368,15 @@ def run_demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    clock = Clock()
 
     hf_dir, snippets = fetch(work)
+    clock.lap("1 fetch")
     model_dir = convert_model(hf_dir, work)
+    clock.lap("2 convert")
     raw = split_data(snippets, work, args.train, args.dev, args.test)
     data = prepare(raw, model_dir, work)
+    clock.lap("3 split")
     restore = model_dir / "model.pt"
 
     step(
@@ -393,6 +404,7 @@ def run_demo(args: argparse.Namespace) -> int:
         refit_dir = runs / f"acl_cl_refit-ep{args.refit_epochs}"
         deployed = train(data, model_dir, refit_dir, "multi_exit_joint", args, acl_cl,
                          args.refit_epochs, refit=True)  # fmt: skip
+    clock.lap("4 fine-tune")
 
     step(f"5/{STEPS} held-out test accuracy (checkpoints chosen on dev)")
     ce_test = evaluate(data, ce, "acl_embed")
@@ -412,15 +424,19 @@ def run_demo(args: argparse.Namespace) -> int:
         *(f"| {name} | {per_exit(m, layers)} |" for name, m in rows),
     ]
     print("\n".join(lines))
+    clock.lap("5 test accuracy")
 
-    deployable = report_deployable(deployed, data, work, args)
+    deployable = report_deployable(deployed, data, work, args, clock)
 
     step(f"8/{STEPS} classify new sentences: acl-fairseq-predict runs the saved choice")
     examples = classify_examples(deployed, data)
     print(examples)
     results = work / "results.md"
     results.write_text("\n".join(lines) + "\n\n" + deployable + "\n\n" + examples + "\n")
-    print(f"\ndone in {(time.time() - t0) / 60:.1f} min; tables in {shown(results)}")
+    clock.lap("8 classify")
+    wall, cpu = clock.total()
+    print(f"\n{clock.summary()}")
+    print(f"done in {wall / 60:.1f} min (CPU {cpu / 60:.1f} min); tables in {shown(results)}")
     return 0
 
 
