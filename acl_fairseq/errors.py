@@ -24,6 +24,7 @@ __all__ = [
     "AclIsADirectoryError",
     "AclRuntimeError",
     "AclValueError",
+    "ConversionError",
     "install_excepthook",
     "plugin_message",
     "run_tool",
@@ -40,6 +41,11 @@ class AclFairseqError(Exception):
 
 class AclValueError(AclFairseqError, ValueError):
     """A flag, a value or an input that cannot work."""
+
+
+class ConversionError(AclValueError):
+    """A model or tokenizer cannot be converted, either way between fairseq and Hugging Face
+    (the message says which file or field and why)."""
 
 
 class AclFileNotFoundError(AclFairseqError, FileNotFoundError):

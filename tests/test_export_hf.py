@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from acl_fairseq.data.text_encoder import ExampleEncoder, TextEncoder
+from acl_fairseq.data.tokenizer.hf_json import Framing, exported_vocab
 from acl_fairseq.data.tokenizer.kinds import TokenizerConfig, build_tokenizer
 from acl_fairseq.hf_bert.export import export_model
 from acl_fairseq.hf_bert.state import ConversionError
-from acl_fairseq.hf_bert.tokenizer import Framing
-from acl_fairseq.hf_bert.vocab import exported_vocab
 
 from tiny_models import HEAD, build_with_task
 
@@ -237,7 +236,7 @@ def test_a_linear_model_still_exports_its_final_exit(tmp_path):
 def test_sentencepiece_export_gives_the_models_ids_and_logits(tmp_path):
     """A unigram model trained as ``acl-fairseq-prepare`` trains it, its dictionary (every
     piece, padded with ``madeupword``s): the same segmentation, unknown characters included."""
-    from acl_fairseq.data.tokenize import sentencepiece_dictionary, train_sentencepiece
+    from acl_fairseq.data.tokenizer.parallel import sentencepiece_dictionary, train_sentencepiece
 
     from fairseq_helpers import write_tsv
 
