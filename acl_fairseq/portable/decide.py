@@ -69,25 +69,36 @@ def _matrix(logits: Any) -> np.ndarray:
 
 def _classes_sum(columns: np.ndarray) -> np.ndarray:
     """The sum over the last axis of B x K, class by class (the same order at any B)."""
-    total = columns[:, 0].copy()
-    for k in range(1, columns.shape[1]):
+    if columns.shape[1] == 1:
+        return columns[:, 0].copy()
+    total = columns[:, 0] + columns[:, 1]
+    for k in range(2, columns.shape[1]):
         total += columns[:, k]
     return total
 
 
 def _softmax(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(shifted, exp, total)``: the logits minus their row maximum, its exponential and the
-    row sums (B x K, B x K, B; float32)."""
-    shifted = x - x.max(axis=1, keepdims=True)
+    row sums (B x K, B x K, B; float32). Call it under ``np.errstate``: non-finite logits give
+    nan, silently."""
+    shifted = x - x.max(axis=1)[:, None]
     e = np.exp(shifted)
     return shifted, e, _classes_sum(e)
 
 
 def _entropy(shifted: np.ndarray, e: np.ndarray, total: np.ndarray) -> np.ndarray:
-    p = e / total[:, None]
-    log_p = shifted - np.log(total)[:, None]
-    terms = np.where(p == 0, np.float32(0.0), p * log_p)  # p = 0: no term; nan stays nan
-    return -_classes_sum(terms)
+    """``log(total) - sum_k e_k shifted_k / total`` (``-sum_k p_k log p_k``; each term and the
+    sum are ``<= 0``, so the entropy is ``>= 0``)."""
+    return np.log(total) - _classes_sum(e * shifted) / total
+
+
+def _top_margin(e: np.ndarray, total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The top probability (the top class's exp is exp(0) = 1) and it minus the second (the
+    top one for one class)."""
+    top = _ONE / total
+    if e.shape[1] == 1:
+        return top, top
+    return top, top - np.sort(e, axis=1)[:, -2] / total
 
 
 def entropy(logits: Any) -> np.ndarray:
@@ -101,7 +112,7 @@ def maxprob(logits: Any) -> np.ndarray:
     """The top probability of ``softmax(logits)`` per row (B x K -> B float32)."""
     x = _matrix(logits)
     with np.errstate(all="ignore"):
-        return _ONE / _softmax(x)[2]  # the top class's exp is exp(0) = 1
+        return _ONE / _softmax(x)[2]
 
 
 def probability_logit(threshold: float) -> float:
@@ -114,6 +125,28 @@ def probability_logit(threshold: float) -> float:
     return float(np.float32(math.log(threshold) - math.log1p(-threshold)))
 
 
+def _columns(x: np.ndarray, state: State) -> tuple[list[np.ndarray], State]:
+    """The learned kind's feature columns (``FEATURES``' order, float32) and the new state;
+    under ``np.errstate``."""
+    shifted, e, total = _softmax(x)
+    top, margin = _top_margin(e, total)
+    pred = x.argmax(axis=1)
+    same = pred == state["prev_pred"]
+    counter = (state["counter"] + 1) * same
+    step = state["step"] + 1
+    f32 = np.float32
+    columns = [top, margin, _entropy(shifted, e, total), same.astype(f32), counter.astype(f32)]
+    return [*columns, step.astype(f32)], {"prev_pred": pred, "counter": counter, "step": step}
+
+
+def _logit(columns: Any, weights: np.ndarray, bias: np.float32) -> np.ndarray:
+    """``bias + sum_f columns[f] * weights[f]`` in float32, feature by feature."""
+    z = bias + columns[0] * weights[0]
+    for f in range(1, len(weights)):
+        z = z + columns[f] * weights[f]
+    return z
+
+
 def features(logits: Any, state: State) -> tuple[np.ndarray, State]:
     """The learned kind's ``FEATURES`` at one exit (B x K logits, the rows' ``prev_pred`` /
     ``counter`` / ``step``) -> ``(B x 6 float32, new state)``: the top probability, it minus
@@ -121,21 +154,8 @@ def features(logits: Any, state: State) -> tuple[np.ndarray, State]:
     exit's, PABEE's counter, and the exit's position among the policy's exits (from 1)."""
     x = _matrix(logits)
     with np.errstate(all="ignore"):
-        shifted, e, total = _softmax(x)
-        top = _ONE / total
-        if x.shape[1] > 1:
-            second = np.sort(e / total[:, None], axis=1)[:, -2]
-            margin = top - second
-        else:
-            margin = top
-        h = _entropy(shifted, e, total)
-    pred = x.argmax(axis=1)
-    same = pred == state["prev_pred"]
-    counter = np.where(same, state["counter"] + 1, 0)
-    step = state["step"] + 1
-    columns = [top, margin, h, same, counter, step]
-    table = np.stack([np.asarray(c, dtype=np.float32) for c in columns], axis=1)
-    return table, {"prev_pred": pred, "counter": counter, "step": step}
+        columns, new = _columns(x, state)
+    return np.stack(columns, axis=1), new
 
 
 def feature_state(rows: int) -> State:
@@ -148,13 +168,12 @@ def feature_state(rows: int) -> State:
 
 
 def learned_logit(table: np.ndarray, weights: np.ndarray, bias: np.float32) -> np.ndarray:
-    """``bias + sum_f table[:, f] * weights[f]`` in float32 for ``... x F`` features, feature
-    by feature (a row's number does not depend on the batch)."""
+    """``bias + sum_f table[..., f] * weights[f]`` in float32 for ``... x F`` features, feature
+    by feature (a row's number does not depend on the batch): the decision's logit."""
     flat = np.asarray(table, dtype=np.float32).reshape(-1, table.shape[-1])
-    z = np.full(flat.shape[0], bias, dtype=np.float32)
-    for f in range(flat.shape[1]):
-        z += flat[:, f] * weights[f]
-    return z.reshape(table.shape[:-1])
+    w = np.asarray(weights, dtype=np.float32)
+    z = _logit([flat[:, f] for f in range(flat.shape[1])], w, np.float32(bias))
+    return np.asarray(z, dtype=np.float32).reshape(table.shape[:-1])
 
 
 def _numbers(rule: dict[str, Any], key: str, count: int | None = None) -> list[float]:
@@ -222,8 +241,9 @@ class Decision:
         x = _matrix(logits)
         new: State = {}
         if self.kind == "learned":
-            table, new = features(x, state)
-            return learned_logit(table, self.weights, self.bias) >= self.cut, new
+            with np.errstate(all="ignore"):
+                columns, new = _columns(x, state)
+                return _logit(columns, self.weights, self.bias) >= self.cut, new
         leave = np.zeros(x.shape[0], dtype=bool)
         if self.score is not None:
             limit = self.thresholds[0]
@@ -235,13 +255,15 @@ class Decision:
                         "asked to decide at more: evaluate only its exits (ExitPolicy.exits)"
                     )
                 limit, new["step"] = self.thresholds[step], step + 1
-            if self.score == "entropy":
-                leave = entropy(x) < limit
-            else:
-                leave = maxprob(x) >= limit
+            with np.errstate(all="ignore"):
+                shifted, e, total = _softmax(x)
+                if self.score == "entropy":
+                    leave = _entropy(shifted, e, total) < limit
+                else:
+                    leave = _ONE / total >= limit
         if self.patience is not None:
             pred = x.argmax(axis=1)
-            counter = np.where(pred == state["prev_pred"], state["counter"] + 1, 0)
+            counter = (state["counter"] + 1) * (pred == state["prev_pred"])
             leave |= counter >= self.patience
             new["counter"], new["prev_pred"] = counter, pred
         return leave, new
