@@ -54,7 +54,8 @@ from early_exit_runner.bundle import main
 out = {}
 for key, (argv, stdin) in jobs["jobs"].items():
     o, e = io.StringIO(), io.StringIO()
-    out[key] = [main(argv, io.StringIO(stdin), o, e), o.getvalue(), e.getvalue()]
+    code = main(argv, stdin=io.StringIO(stdin), stdout=o, stderr=e)
+    out[key] = [code, o.getvalue(), e.getvalue()]
 check()
 print(json.dumps(out))
 """

@@ -6,7 +6,6 @@ policy (``acl_fairseq.inference.bundle`` says what is written)."""
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,17 +22,15 @@ DESCRIPTION = (
     "fingerprint, with a runner that needs only numpy, onnxruntime and tokenizers: python "
     "OUT/run.py < sentences.txt prints what acl-fairseq-predict --backend onnxruntime prints."
 )
+EPILOG = "docs/inference.md, 'A bundle without torch', says what is written and how to run it."
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
-    p.add_argument("checkpoint", type=Path, help="fine-tuned checkpoint (.pt)")
-    p.add_argument("out_dir", type=Path, help="output folder (new, or empty)")
-    p.add_argument(
-        "--dtype",
-        choices=ORT_DTYPES,
-        help="the segments' precision (default: the saved policy's, else fp32)",
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG)
+    p.add_argument("checkpoint", type=Path, metavar="CHECKPOINT", help="a multi-exit classifier")
+    p.add_argument("out_dir", type=Path, metavar="OUT", help="the bundle's folder (new, or empty)")
+    precision = "the segments' precision (default: the saved policy's, else fp32)"
+    p.add_argument("--dtype", choices=ORT_DTYPES, help=precision)
     p.add_argument(
         "--policy",
         help="early exit, e.g. entropy:0.3; 'saved': the policy acl-fairseq-sweep wrote to "
@@ -42,19 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data", type=Path, help="prepared data folder (default: the checkpoint's)")
     p.add_argument("--head", default=DEFAULT_HEAD, help="classification head")
-    p.add_argument(
-        "--onnx-cache",
-        type=Path,
-        help="folder of the exported ONNX segments (default: onnx_runtime/ next to the "
-        "checkpoint, as acl-fairseq-predict --backend onnxruntime)",
-    )
+    cache = "the exported ONNX segments' cache (default: predict's, onnx_runtime/ beside it)"
+    p.add_argument("--onnx-cache", type=Path, help=cache)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    return run_tool(PROG, _bundle, args)
+    return run_tool(PROG, _bundle, build_parser().parse_args(argv))
 
 
 def _bundle(args: argparse.Namespace) -> int:

@@ -41,18 +41,7 @@ from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.plan import ONNXRUNTIME, Request, decide
 from acl_fairseq.inference.saved_policy import policy_path
 from acl_fairseq.models.heads import DEFAULT_HEAD
-from acl_fairseq.portable.lines import (
-    InputError,
-    check_inputs,
-    collate,
-    length_batches,
-    output_lines,
-    parse_columns,
-    read_input,
-    read_rows,
-    summary,
-    warm_up,
-)
+from acl_fairseq.portable import lines
 from acl_fairseq.runtime.onnx_runtime import (
     BACKENDS,
     ONNX_CACHE,
@@ -134,9 +123,9 @@ def run_batches(
     results: list[tuple[np.ndarray, int]] = [(np.zeros(0, np.float32), 0)] * len(examples)
     depth = num_layers(model)
     with torch.no_grad():
-        for ids in length_batches([len(e) for e in examples], batch_size):
+        for ids in lines.length_batches([len(e) for e in examples], batch_size):
             rows = [examples[i].numpy() for i in ids]
-            tokens = torch.from_numpy(collate(rows, pad)).to(device)
+            tokens = torch.from_numpy(lines.collate(rows, pad)).to(device)
             if policy is None:
                 logits = model(tokens, classification_head_name=head)[0]
                 layers = [depth] * len(ids)
@@ -152,12 +141,12 @@ def run_batches(
 def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     try:
         return _predict(args, stdin, stdout, stderr)
-    except InputError as e:  # the input lines' own errors (portable.lines)
+    except lines.InputError as e:  # the input lines' own errors (portable.lines)
         raise PredictError(str(e)) from None
 
 
 def _predict(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
-    columns = parse_columns(args.text_columns)
+    columns = lines.parse_columns(args.text_columns)
     if args.batch_size < 1:
         raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
     request = Request(args.backend, args.dtype, args.policy).checked()  # before loading
@@ -168,7 +157,8 @@ def _predict(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: Te
     if request.backend == ONNXRUNTIME:
         require_onnxruntime()  # its error names the install command
     source = "stdin" if args.input == "-" else args.input
-    rows = read_rows(read_input(args.input, stdin), source, columns, args.header)  # early
+    text = lines.read_input(args.input, stdin)
+    rows = lines.read_rows(text, source, columns, args.header)  # early
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     loaded = load_for_inference(  # a CheckpointError is printed as this tool's error
         args.checkpoint, args.data, device, label_order=False, request=request,
@@ -187,7 +177,7 @@ def _predict(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: Te
         except ValueError as e:
             raise PredictError(f"--policy: {e}") from None
     encoder = loaded.examples
-    check_inputs(rows, encoder.num_inputs, source, args.checkpoint, columns)
+    lines.check_inputs(rows, encoder.num_inputs, source, args.checkpoint, columns)
     examples = encode_rows(encoder, rows, source)
 
     policy, pad = plan.policy, encoder.dictionary.pad()
@@ -198,7 +188,7 @@ def _predict(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: Te
         if policy is not None:
             runner.prepare(policy)  # exported once, untimed
         stderr.write(f"{PROG}: backend: onnxruntime, segments in {runner.folder}\n")
-    first = warm_up(examples, args.batch_size)  # one-time costs, untimed
+    first = lines.warm_up(examples, args.batch_size)  # one-time costs, untimed
     run_batches(runner, first, policy, args.head, args.batch_size, pad, device)
     start = time.perf_counter()
     results = run_batches(runner, examples, policy, args.head, args.batch_size, pad, device)
@@ -207,11 +197,11 @@ def _predict(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: Te
     layers = [layer for _, layer in results]
     if results:
         logits = np.stack([row for row, _ in results])
-        for line in output_lines(logits, layers, loaded.labels, loaded.regression, divisor):
+        for line in lines.output_lines(logits, layers, loaded.labels, loaded.regression, divisor):
             stdout.write(line + "\n")
     stdout.flush()
     depth = num_layers(model)
-    stderr.write(f"{PROG}: {summary(len(results), seconds, layers, depth, plan.label)}\n")
+    stderr.write(f"{PROG}: {lines.summary(len(results), seconds, layers, depth, plan.label)}\n")
     return 0
 
 

@@ -48,6 +48,7 @@ BUNDLE_FILE = "bundle.json"
 FORMAT = 1
 """The bundle's layout version: a runner reads only its own."""
 PROG = "early-exit-runner"
+STREAMS = ("stdin", "stdout", "stderr")
 
 
 class BundleError(ValueError):
@@ -217,25 +218,21 @@ def run_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: Te
     start = time.perf_counter()
     logits, layers = bundle.run_all(examples, args.batch_size)
     seconds = time.perf_counter() - start
-    if examples:
-        stdout.write("".join(f"{line}\n" for line in output_lines(logits, layers, bundle.labels)))
+    lines = output_lines(logits, layers, bundle.labels) if examples else []
+    stdout.write("".join(f"{line}\n" for line in lines))
     stdout.flush()
-    label = bundle.policy or "full depth"
-    stderr.write(f"{PROG}: {summary(len(layers), seconds, layers, bundle.num_layers, label)}\n")
+    done = summary(len(lines), seconds, layers, bundle.num_layers, bundle.policy or "full depth")
+    stderr.write(f"{PROG}: {done}\n")
     return 0
 
 
-def main(
-    argv: Sequence[str] | None = None,
-    stdin: TextIO | None = None,
-    stdout: TextIO | None = None,
-    stderr: TextIO | None = None,
-) -> int:
-    """The command; an error in the input or the bundle is one line, ``PROG: error: ...``."""
+def main(argv: Sequence[str] | None = None, **streams: TextIO) -> int:
+    """The command on ``streams`` (``stdin``, ``stdout``, ``stderr``; default: the process's);
+    an error in the input or the bundle is one line, ``PROG: error: ...``, and status 2."""
     args = build_parser().parse_args(argv)
-    stderr = stderr or sys.stderr
+    stdin, stdout, stderr = (streams.get(name) or getattr(sys, name) for name in STREAMS)
     try:
-        return run_main(args, stdin or sys.stdin, stdout or sys.stdout, stderr)
+        return run_main(args, stdin, stdout, stderr)
     except (InputError, BundleError) as e:
         stderr.write(f"{PROG}: error: {e}\n")
         return 2
