@@ -244,6 +244,9 @@ def test_errors_are_named(trained, tmp_path):  # noqa: F811
         write_bundle(ckpt, tmp_path / "full")
     code = bundle_cli.main([str(ckpt), str(tmp_path / "b"), "--policy", "saved"])
     assert code == 2 and not (tmp_path / "b" / BUNDLE_FILE).exists()
+    with pytest.raises(BundleError, match="--policy: .* decides at layer"):
+        write_bundle(ckpt, tmp_path / "b", policy="per_exit_entropy:7=0.3")
+    assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".*partial*"))
     folder = tmp_path / "ok"
     write_bundle(ckpt, folder, policy="patience:0")
     config = json.loads((folder / BUNDLE_FILE).read_text())

@@ -20,6 +20,7 @@ files). The folder (``portable.bundle`` reads it):
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,24 +125,61 @@ def write_bundle(
     if plan.policy is not None and rule is None:
         raise BundleError(f"policy {plan.policy.spec}: its kind has no rule a bundle can run")
     runner = loaded.runner(head, onnx_cache)
-    exits = runner.exits_of(plan.policy) if plan.policy is not None else ()
-    spans = runner.spans(exits)
+    try:
+        spans = runner.spans(runner.exits_of(plan.policy) if plan.policy is not None else ())
+    except ValueError as e:  # a policy naming an exit the model lacks
+        raise BundleError(f"--policy: {e}") from None
+    dictionary = task.source_dictionary
+    framing = Framing(examples.init_token, examples.separator_token, dictionary.eos())
+    tokenizer = hf_tokenizer(
+        TokenizerConfig(**loaded.meta["tokenizer"]), dictionary.symbols, framing
+    )
 
-    out.mkdir(parents=True, exist_ok=True)
+    work = out.parent / f".{out.name}.partial-{os.getpid()}"  # renamed to ``out`` when whole
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        segments = _write(work, runner, spans, tokenizer)
+        fields = _fields(checkpoint, loaded, head, rule, segments, runner.num_layers)
+        text = json.dumps(fields, indent=2, allow_nan=False) + "\n"
+        (work / BUNDLE_FILE).write_text(text, encoding="utf-8")
+        work.rename(out)  # replaces an empty folder
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    return BundleSummary(
+        out_dir=out,
+        policy=fields["policy"],
+        why=plan.why,
+        dtype=plan.dtype,
+        exits=[last for _, last in spans],
+        files=files,
+        size=sum((out / f).stat().st_size for f in files),
+    )
+
+
+def _write(out: Path, runner: Any, spans: list[tuple[int, int]], tokenizer: Any) -> list[dict]:
+    """The segments (exported once, cached for predict too), the tokenizer and the runner into
+    ``out``; returns the segments' entries of ``bundle.json``."""
     (out / "segments").mkdir()
     segments = []
     for first, last in spans:
-        source = runner.segment_file(first, last)  # exported once, cached for predict too
+        source = runner.segment_file(first, last)
         shutil.copyfile(source, out / "segments" / source.name)
         segments.append({"layer": last, "file": f"segments/{source.name}"})
-    dictionary = task.source_dictionary
-    framing = Framing(examples.init_token, examples.separator_token, dictionary.eos())
-    config = TokenizerConfig(**loaded.meta["tokenizer"])
-    hf_tokenizer(config, dictionary.symbols, framing).backend.save(str(out / "tokenizer.json"))
+    tokenizer.backend.save(str(out / "tokenizer.json"))
     _copy_runner(out / RUNNER)
     (out / "run.py").write_text(RUN_PY, encoding="utf-8")
     (out / "pyproject.toml").write_text(PYPROJECT, encoding="utf-8")
-    fields: dict[str, Any] = {
+    return segments
+
+
+def _fields(
+    checkpoint: Any, loaded: Any, head: str, rule: Any, segments: list, num_layers: int
+) -> dict[str, Any]:
+    """``bundle.json``: what runs and how the ids are framed (``portable.bundle`` reads it)."""
+    plan, examples, dictionary = loaded.plan, loaded.examples, loaded.task.source_dictionary
+    return {
         "format": FORMAT,
         "checkpoint": Path(checkpoint).name,
         "fingerprint": loaded.fingerprint,
@@ -153,7 +191,7 @@ def write_bundle(
         "why": plan.why,
         "rule": rule,
         "segments": segments,
-        "num_layers": runner.num_layers,
+        "num_layers": num_layers,
         "labels": list(loaded.labels),
         "num_inputs": examples.num_inputs,
         "pad": dictionary.pad(),
@@ -162,18 +200,6 @@ def write_bundle(
         "max_positions": examples.max_positions,
         "truncate": examples.truncate,
     }
-    text = json.dumps(fields, indent=2, allow_nan=False) + "\n"
-    (out / BUNDLE_FILE).write_text(text, encoding="utf-8")  # last: a whole bundle
-    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    return BundleSummary(
-        out_dir=out,
-        policy=fields["policy"],
-        why=plan.why,
-        dtype=plan.dtype,
-        exits=[last for _, last in spans],
-        files=files,
-        size=sum((out / f).stat().st_size for f in files),
-    )
 
 
 def _copy_runner(target: Path) -> None:
