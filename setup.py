@@ -40,6 +40,7 @@ setup(
             "acl-fairseq-prepare = acl_fairseq.cli.prepare:main",
             "acl-fairseq-convert-bert = acl_fairseq.cli.convert_bert:main",
             "acl-fairseq-export-hf = acl_fairseq.cli.export_hf:main",
+            "acl-fairseq-bundle = acl_fairseq.cli.bundle:main",
             "acl-fairseq-compare = acl_fairseq.cli.compare:main",
             "acl-fairseq-sweep = acl_fairseq.cli.sweep:main",
             "acl-fairseq-predict = acl_fairseq.cli.predict:main",

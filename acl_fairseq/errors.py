@@ -25,6 +25,7 @@ __all__ = [
     "AclOSError",
     "AclRuntimeError",
     "AclValueError",
+    "ConversionError",
     "install_excepthook",
     "plugin_message",
     "run_tool",
@@ -41,6 +42,11 @@ class AclFairseqError(Exception):
 
 class AclValueError(AclFairseqError, ValueError):
     """A flag, a value or an input that cannot work."""
+
+
+class ConversionError(AclValueError):
+    """A model or tokenizer cannot be converted, either way between fairseq and Hugging Face
+    (the message says which file or field and why)."""
 
 
 class AclFileNotFoundError(AclFairseqError, FileNotFoundError):

@@ -1,14 +1,14 @@
-"""The batch-1 path (``acl_fairseq.runtime.torch_row``) against the general loop: the same
-decisions at every policy kind (host rule or tensor rule, thresholds on a score included), and
-on tiny models at every precision the same exits, logits and predictions, bit for bit."""
+"""The batch-1 path (``acl_fairseq.runtime.torch_row``) against the general loop: on tiny
+models at every precision and policy kind (a rule's, or a kind deciding on tensors) the same
+exits, logits and predictions, bit for bit. The decision itself: test_portable_decide.py."""
 
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,10 +21,10 @@ from acl_fairseq.early_exit.policies import (
     PatiencePolicy,
     softmax_entropy,
 )
-from acl_fairseq.runtime import row_decider
+from acl_fairseq.portable.decide import Decision
 from acl_fairseq.runtime import torch_row as early_exit_row
 from acl_fairseq.runtime.precision import PRECISIONS, prepare_for_inference
-from acl_fairseq.runtime.row_decider import RowDecider
+from acl_fairseq.runtime.rows import TensorDecider, host_decider
 from acl_fairseq.runtime.torch_loop import run_early_exit
 
 from tiny_models import HEAD, LENGTHS, build_tiny, tiny_batch
@@ -55,126 +55,15 @@ class MarginPolicy(ExitPolicy):
         return (logits[:, 0] - logits[:, 1]) > self.margin, state
 
 
-def _reference(policy, logits_seq):
-    """Each exit's decision by ``policy.decide`` on the tensor, state carried."""
-    state = policy.init_state(1, "cpu")
-    out = []
-    for logits in logits_seq:
-        mask, state = policy.decide(logits, state)
-        out.append(bool(mask))
-    return out
-
-
-def _logit_sequences(k, exits, count, seed):
-    gen = torch.Generator().manual_seed(seed)
-    for i in range(count):
-        scale = (0.01, 1.0, 8.0, 40.0)[i % 4]
-        yield [torch.randn(1, k, generator=gen) * scale for _ in range(exits)]
-
-
-def _on_score(policy_kind, logits):
-    """A threshold equal to the float32 score of ``logits`` (the decision is on a knife's edge)."""
-    if policy_kind is EntropyPolicy:
-        return float(softmax_entropy(logits)[0])
-    return float(MaxProbPolicy.score(logits)[0])
-
-
-def _count_tensor_decisions(monkeypatch, owner, name) -> dict[str, int]:
-    """Counts the calls of ``owner.name`` (a decision handed to the tensor) in ``["tensor"]``."""
-    calls = {"tensor": 0}
-    method = getattr(owner, name)
-
-    def counting(self, *args):
-        calls["tensor"] += 1
-        return method(self, *args)
-
-    monkeypatch.setattr(owner, name, counting)
-    return calls
-
-
-def _assert_host_decisions(policies, seq) -> int:
-    """Each policy's host decisions along ``seq`` are its tensor decisions; the decisions made."""
-    for policy in policies:
-        decider = RowDecider(policy, torch.device("cpu"))
-        assert decider.hosted
-        got = [decider.leave(logits) for logits in seq]
-        assert got == _reference(policy, seq), (policy.spec, seq)
-    return len(policies) * len(seq)
-
-
-@pytest.mark.parametrize("k", [2, 3, 7])
-def test_host_decisions_equal_the_policies_decisions(k, monkeypatch):
-    """Every built-in kind, thresholds at random, at a row's exact float32 score and one float
-    either side of it: the host's decisions are the tensor's; near a threshold the tensor
-    decides (counted, so both routes run)."""
-    calls = _count_tensor_decisions(monkeypatch, RowDecider, "_on_tensor")
-    hosted = 0
-    for n, seq in enumerate(_logit_sequences(k, 3, 80, seed=k)):
-        policies: list[ExitPolicy] = [PatiencePolicy(0), PatiencePolicy(1), PatiencePolicy(2)]
-        for single, per_exit in ((EntropyPolicy, PerExitEntropyPolicy),
-                                 (MaxProbPolicy, PerExitMaxProbPolicy)):  # fmt: skip
-            edge = _on_score(single, seq[n % 3])
-            for t in (edge, math.nextafter(edge, 0.0), math.nextafter(edge, 2.0)):
-                t = single.clip(t)
-                policies.append(single(t))
-                thresholds = tuple(
-                    t if i == n % 3 else _on_score(single, s) * 0.9 for i, s in enumerate(seq)
-                )
-                thresholds = tuple(single.clip(v) for v in thresholds)
-                policies.append(per_exit((1, 2, 3), thresholds))
-                policies.append(per_exit((1, 2, 3), thresholds, patience=1))
-        hosted += _assert_host_decisions(policies, seq)
-    assert 0 < calls["tensor"] < hosted, calls  # both routes run
-
-
-def test_host_decisions_with_ties_and_non_finite_logits():
-    seqs = [
-        [torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[2.0, 2.0, 2.0]])],
-        [torch.tensor([[float("nan"), 0.0, 1.0]]), torch.tensor([[0.0, float("inf"), 1.0]])],
-        [torch.tensor([[float("-inf"), 3.0, 1.0]]), torch.tensor([[0.0, 0.0, 1.0]])],
-    ]
-    policies = [
-        PatiencePolicy(1),
-        EntropyPolicy(0.5),
-        MaxProbPolicy(0.5),
-        PerExitMaxProbPolicy((1, 2), (0.4, 0.9), patience=1),
-    ]
-    for seq in seqs:
-        for policy in policies:
-            decider = RowDecider(policy, torch.device("cpu"))
-            assert [decider.leave(x) for x in seq] == _reference(policy, seq), policy.spec
-
-
-@pytest.mark.parametrize("k", [2, 3])
-def test_learned_host_decisions_equal_the_policys(k, monkeypatch):
-    """The learned kind on the host: random weights, thresholds at random, at a row's exact
-    float32 logit and one float either side of it, ties and non-finite logits: its decisions
-    and its state (run of agreeing exits) are the tensor's; near the threshold the tensor
-    decides (counted, so both routes run)."""
-    calls = _count_tensor_decisions(monkeypatch, row_decider._LearnedRow, "on_tensor")
-    gen = torch.Generator().manual_seed(k)
-    hosted = 0
-    seqs = list(_logit_sequences(k, 4, 60, seed=10 + k))
-    seqs.append([torch.tensor([[1.0] * k]), torch.tensor([[float("nan")] + [0.0] * (k - 1)])])
-    seqs.append([torch.tensor([[2.0] + [0.0] * (k - 1)])] * 4)  # a run of agreeing exits
-    for n, seq in enumerate(seqs):
-        weights = tuple((torch.randn(len(FEATURES), generator=gen) * 3).tolist())
-        base = LearnedPolicy(0.5, weights, float(torch.randn(1, generator=gen)))
-        edge = float(base.logit(split_features(seq)[0, n % len(seq)]))  # on a knife's edge
-        policies = [base.with_threshold(t) for t in (0.0, 0.3, 0.7, 1.0)]
-        if math.isfinite(edge):
-            for z in (edge, math.nextafter(edge, -math.inf), math.nextafter(edge, math.inf)):
-                p = 1.0 / (1.0 + math.exp(-z))
-                policies.append(base.with_threshold(p))
-        hosted += _assert_host_decisions(policies, seq)
-    assert 0 < calls["tensor"] < hosted, calls
-
-
-def test_unknown_kind_decides_on_the_tensor():
-    decider = RowDecider(MarginPolicy(), torch.device("cpu"))
-    assert not decider.hosted
-    assert decider.leave(torch.tensor([[2.0, 1.0]]))
-    assert not decider.leave(torch.tensor([[1.0, 2.0]]))
+def test_a_kind_without_a_rule_decides_on_the_tensor():
+    """The loops' decider of a kind without a rule is its own ``decide`` on tensors; a built-in
+    kind's is its rule's ``portable.decide.Decision``."""
+    decider = host_decider(MarginPolicy(), "cpu")
+    assert isinstance(decider, TensorDecider)
+    state = decider.init_state(2)
+    leave, _ = decider.decide(np.array([[2.0, 1.0], [1.0, 2.0]], dtype=np.float32), state)
+    assert leave.dtype == bool and leave.tolist() == [True, False]
+    assert isinstance(host_decider(EntropyPolicy(0.3)), Decision)
 
 
 def _midpoint(values):

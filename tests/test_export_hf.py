@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from acl_fairseq.data.text_encoder import ExampleEncoder, TextEncoder
+from acl_fairseq.data.tokenizer.hf_json import Framing, exported_vocab
 from acl_fairseq.data.tokenizer.kinds import TokenizerConfig, build_tokenizer
 from acl_fairseq.hf_bert.export import export_model
 from acl_fairseq.hf_bert.state import ConversionError
-from acl_fairseq.hf_bert.tokenizer import Framing
-from acl_fairseq.hf_bert.vocab import exported_vocab
 
 from tiny_models import HEAD, build_with_task
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from acl_fairseq.cpu_features import has_vnni
 from acl_fairseq.early_exit.policies import EntropyPolicy, PatiencePolicy, softmax_entropy
 from acl_fairseq.early_exit.thresholds import simulate_exits
+from acl_fairseq.portable.decide import Decision
 from acl_fairseq.runtime.precision import (
     PRECISIONS,
     Float32Logits,
@@ -181,16 +183,8 @@ def test_int8_does_not_use_the_float_weights(trained, inputs):
     assert torch.equal(before, after)
 
 
-class _SpyPolicy(EntropyPolicy):
-    """An entropy policy that records the dtype of the logits it decides on."""
-
-    def decide(self, logits, state):
-        self.seen.append(logits.dtype)
-        return super().decide(logits, state)
-
-
 @pytest.mark.parametrize("dtype", PRECISIONS)
-def test_early_exit_at_each_precision(prepared, inputs, dtype):
+def test_early_exit_at_each_precision(prepared, inputs, dtype, monkeypatch):
     """Decisions on float32 logits; exits and predictions those of the one-pass simulation at
     the same precision (int8 quantizes activations per batch, so a row's numbers depend a
     little on the rows around it: >= 97% there), and >= 97% of predictions equal fp32's."""
@@ -200,12 +194,14 @@ def test_early_exit_at_each_precision(prepared, inputs, dtype):
     with torch.no_grad():
         outs = model.exit_outputs(tokens, classification_head_name=HEAD)
         threshold = float(softmax_entropy(outs[0].logits).median())
-        policy = _SpyPolicy(threshold)
-        object.__setattr__(policy, "seen", [])
+        policy, seen, real = EntropyPolicy(threshold), [], Decision.decide
+        monkeypatch.setattr(  # the decision records the dtype of the logits it gets
+            Decision, "decide", lambda self, x, state: seen.append(x.dtype) or real(self, x, state)
+        )
         result = model.early_exit(tokens, policy)
         alone = [model.early_exit(row[row.ne(1)].unsqueeze(0), policy) for row in tokens[:16]]
         ref = prepared["fp32"].early_exit(tokens, EntropyPolicy(threshold))
-    assert policy.seen and set(policy.seen) == {torch.float32}
+    assert seen and set(seen) == {np.dtype(np.float32)}
     layers, preds = simulate_exits([(o.layer, o.logits) for o in outs], EntropyPolicy(threshold))
     assert len(set(result.exit_layers.tolist())) >= 3  # not vacuous
     same = float(result.exit_layers.eq(layers).float().mean())

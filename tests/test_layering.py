@@ -69,8 +69,8 @@ def test_imported_modules_resolves_relative_imports_and_tells_where():
 
 def test_every_tool_is_one_module_or_a_package_of_parts():
     assert TOOLS == sorted(
-        ["compare", "convert_bert", "demo", "export_hf", "fewshot", "glue", "plots", "predict",
-         "prepare", "sweep"]
+        ["bundle", "compare", "convert_bert", "demo", "export_hf", "fewshot", "glue", "plots",
+         "predict", "prepare", "sweep"]
     )  # fmt: skip
     for folder in (p for p in CLI.iterdir() if p.is_dir() and p.name != "__pycache__"):
         parts = {p.name for p in folder.glob("*.py")} - {"__init__.py", "__main__.py"}
@@ -210,6 +210,30 @@ def test_what_fairseq_loads_imports_no_inference_tool_or_onnx_code():
               "acl_fairseq.experiment", "acl_fairseq.hf_bert")  # fmt: skip
     assert not [m for m in ours if m.startswith(banned)]
     assert not [m for m in out if m.split(".")[0] in ("onnx", "onnxruntime", "onnxscript")]
+
+
+def test_the_portable_runner_imports_only_numpy_and_its_siblings():
+    """``acl_fairseq/portable`` is copied verbatim into every bundle and runs without torch,
+    fairseq or the plugin: at module level it imports the standard library, numpy and its own
+    modules (relatively); onnxruntime and tokenizers only inside the functions that need them."""
+    folder = PACKAGE / "portable"
+    modules = sorted(folder.glob("*.py"))
+    assert {p.name for p in modules} >= {"decide.py", "rows.py", "ort_loop.py", "lines.py",
+                                         "bundle.py", "__main__.py"}  # fmt: skip
+    for path in modules:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):  # a relative import stays inside the package
+            if isinstance(node, ast.ImportFrom):
+                assert node.level <= 1, f"{path.name}: import from outside the package"
+        for name in imported_modules(path, "module"):
+            top = name.split(".")[0]
+            allowed = top in sys.stdlib_module_names | {"numpy", "__future__"}
+            assert allowed or name.startswith("acl_fairseq.portable"), f"{path.name}: {name}"
+        for name in imported_modules(path, "function"):
+            top = name.split(".")[0]
+            assert top in ("onnxruntime", "tokenizers") or name.startswith(
+                "acl_fairseq.portable"
+            ), f"{path.name} imports {name} in a function"
 
 
 def test_the_root_holds_a_few_named_modules():

@@ -22,6 +22,8 @@ from acl_fairseq.early_exit.policies import (
     softmax_entropy,
 )
 from acl_fairseq.errors import AclFairseqError
+from acl_fairseq.portable import ort_loop
+from acl_fairseq.portable.decide import Decision
 from acl_fairseq.runtime import onnx_runtime
 from acl_fairseq.runtime.onnx_runtime import INSTALL, OnnxRuntimeMissing, OrtEarlyExit
 from acl_fairseq.runtime.precision import prepare_for_inference
@@ -155,7 +157,7 @@ def test_never_exits_runs_one_full_depth_session(tiny_built, tmp_path):
 
 
 def test_a_single_unpadded_row_needs_no_row_bookkeeping(ort, monkeypatch):
-    """One unpadded row: no RunningRows, the built-in kind decided on the host."""
+    """One unpadded row: no RunningRows, the policy's rule deciding (``portable.decide``)."""
     model, task, runner = ort
     tokens, rows = tiny_batch(task, MORE_LENGTHS)
     policy = _policies(model, tokens)["entropy"]
@@ -164,17 +166,17 @@ def test_a_single_unpadded_row_needs_no_row_bookkeeping(ort, monkeypatch):
         raise AssertionError("row bookkeeping for one unpadded row")
 
     decided = []
+    real = Decision.decide
 
-    class Counting(onnx_runtime.RowDecider):
-        def leave(self, logits):
-            decided.append(self.hosted)
-            return super().leave(logits)
+    def counting(self, logits, state):
+        decided.append(logits.shape)
+        return real(self, logits, state)
 
-    monkeypatch.setattr(onnx_runtime, "RunningRows", refuse)
-    monkeypatch.setattr(onnx_runtime, "RowDecider", Counting)
+    monkeypatch.setattr(ort_loop, "RunningRows", refuse)
+    monkeypatch.setattr(Decision, "decide", counting)
     for row in rows:
         assert_same(runner, model, row.unsqueeze(0), policy)
-    assert len(decided) >= len(rows) and all(decided)  # on the host, as the torch batch-1 path
+    assert len(decided) >= 2 * len(rows) and set(decided) == {(1, 3)}  # both loops, one row
     with pytest.raises(AssertionError, match="row bookkeeping"):
         runner.early_exit(tokens, policy)
 
@@ -262,33 +264,6 @@ def test_int8_sessions_leave_out_the_skip_layer_norm_fusion(ort, tmp_path, monke
     onnx_runtime.ort_session(path, 1, disabled_optimizers=onnx_runtime.INT8_DISABLED)
     onnx_runtime.ort_session(path, 1)
     assert [k.get("disabled_optimizers") for k in made] == [["SkipLayerNormFusion"], None]
-
-
-def test_the_bookkeeping_runs_on_one_torch_thread(ort, monkeypatch):
-    """torch's own threads would take the sessions' cores: its small ops run on one thread
-    inside ``early_exit``, and the caller's thread count is restored after."""
-    model, task, runner = ort
-    tokens, _ = tiny_batch(task, MORE_LENGTHS)
-    policy = _policies(model, tokens)["entropy"]
-    seen = []
-    at_exit = onnx_runtime.RunningRows.at_exit
-
-    def recording(self, layer, logits):
-        seen.append(torch.get_num_threads())
-        return at_exit(self, layer, logits)
-
-    monkeypatch.setattr(onnx_runtime.RunningRows, "at_exit", recording)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        assert_same(runner, model, tokens, policy)  # the torch loop, then the runner
-        assert 2 in seen  # the torch loop's own bookkeeping at the caller's count
-        first = len(seen)
-        runner.early_exit(tokens, policy)
-        assert len(seen) > first and set(seen[first:]) == {1}
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_int8_runs_and_agrees_with_fp32(ort):

@@ -73,6 +73,10 @@ RUN = [  # (page, first line) of every block that runs, in page order
     ("docs/inference.md", "acl-fairseq-export-hf checkpoints/stage2/checkpoint_best.pt hf-model"
      "            # the final exit"),
     ("docs/inference.md", "from transformers import pipeline"),
+    ("docs/inference.md", "acl-fairseq-bundle checkpoints/stage2/checkpoint_best.pt bundle "
+     "--dtype int8   # here: the saved policy"),
+    ("docs/inference.md", 'import sys; sys.path.insert(0, "bundle")          # or: pip install '
+     "./bundle"),
 ]  # fmt: skip
 SIZES = [  # (as written, as run): fewer seeds, draws and updates on the tiny data
     ("--seeds 1,2,3", "--seeds 1 --max-update 2"),
@@ -194,6 +198,11 @@ def as_run(block: str, world: dict[str, str]) -> str:
         ("PAIR_CKPT", world["PAIR_CKPT"]),
         ("CKPT", "checkpoints/stage2/checkpoint_best.pt"),
         ("DATA", world["DATA"]),
+        # offline: the runner's three requirements are installed here already
+        (
+            "pip install numpy onnxruntime tokenizers",
+            'python -c "import numpy, onnxruntime, tokenizers"',
+        ),
         *SIZES,
     ]:
         if isinstance(written, re.Pattern):
@@ -232,7 +241,7 @@ def test_the_documented_commands_run_as_written(world):
     for page, lang, text in blocks():
         if (page, key(text)) in RUN:
             out.append(run_block(lang, as_run(text, world), world["work"]))
-    path, compare, fewshot, predict, hub, sweep, saved, export, classify = out
+    path, compare, fewshot, predict, hub, sweep, saved, export, classify, bundle, bundled = out
     assert (Path(world["DATA"]) / "label" / "dict.txt").is_file()  # prepared by the path
     assert (work / "bert-fairseq" / "model.pt").is_file()  # converted by the path
     assert (work / "checkpoints/stage2/checkpoint_best.pt").is_file()
@@ -248,3 +257,6 @@ def test_the_documented_commands_run_as_written(world):
     assert "exit 1 of 2 layers as BertForSequenceClassification" in export
     assert (work / "hf-model" / "model.safetensors").is_file()
     assert "'label': 'pos'" in classify or "'label': 'neg'" in classify
+    assert "policy: " in bundle and "early-exit-runner: 3 sentences" in bundle  # sentences.txt
+    assert (work / "bundle" / "bundle.json").is_file()
+    assert "Prediction(label=" in bundled

@@ -33,26 +33,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from acl_fairseq.data.input_lines import (
-    PredictError,
-    blank_lines,
-    count_lines,
-    cut_lines,
-    encode_rows,
-    line_list,
-    parse_columns,
-    read_input,
-    read_rows,
-)
+from acl_fairseq.data.input_lines import PredictError, cut_lines, encode_rows
 from acl_fairseq.early_exit.policies import ExitPolicy
 from acl_fairseq.errors import run_tool
 from acl_fairseq.inference.loader import load_for_inference
 from acl_fairseq.inference.plan import ONNXRUNTIME, Request, decide
 from acl_fairseq.inference.saved_policy import policy_path
 from acl_fairseq.models.heads import DEFAULT_HEAD
+from acl_fairseq.portable import lines
 from acl_fairseq.runtime.onnx_runtime import (
     BACKENDS,
     ONNX_CACHE,
@@ -128,31 +120,25 @@ def run_batches(
     batch_size: int,
     pad: int,
     device: torch.device,
-) -> list[tuple[int, float, int, float]]:
-    """``(class index, probability, exit layer, first logit)`` per example, in the order of
-    ``examples`` (the first logit is a regression model's output); batches are formed by
-    length (less padding) and the order restored. One copy to the host per batch."""
-    from fairseq.data import data_utils
-
-    order = sorted(range(len(examples)), key=lambda i: examples[i].numel())
-    results: list[tuple[int, float, int, float]] = [(0, 0.0, 0, 0.0)] * len(examples)
+) -> list[tuple[np.ndarray, int]]:
+    """``(logits K float32, exit layer)`` per example, in the order of ``examples``; batches
+    are formed by length (less padding, ``portable.lines.length_batches``, as the bundle's
+    runner forms them) and the order restored. One copy to the host per batch."""
+    results: list[tuple[np.ndarray, int]] = [(np.zeros(0, np.float32), 0)] * len(examples)
     depth = num_layers(model)
     with torch.no_grad():
-        for start in range(0, len(order), batch_size):
-            ids = order[start : start + batch_size]
-            tokens = data_utils.collate_tokens([examples[i] for i in ids], pad).to(device)
+        for ids in lines.length_batches([len(e) for e in examples], batch_size):
+            rows = [examples[i].numpy() for i in ids]
+            tokens = torch.from_numpy(lines.collate(rows, pad)).to(device)
             if policy is None:
                 logits = model(tokens, classification_head_name=head)[0]
-                layers = torch.full((len(ids),), depth, device=logits.device)
+                layers = [depth] * len(ids)
             else:
                 result = model.early_exit(tokens, policy, classification_head_name=head)
-                logits, layers = result.logits, result.exit_layers
-            logits = logits.float()
-            best, preds = torch.softmax(logits, dim=-1).max(dim=-1)
-            columns = torch.stack([preds.double(), best.double(), layers.double(),
-                                   logits[:, 0].double()], dim=1)  # fmt: skip
-            for i, (pred, prob, layer, value) in zip(ids, columns.tolist()):
-                results[i] = (int(pred), prob, int(layer), value)
+                logits, layers = result.logits, result.exit_layers.tolist()
+            host = logits.float().cpu().numpy()
+            for i, row, layer in zip(ids, host, layers):
+                results[i] = (row, int(layer))
     return results
 
 
@@ -164,7 +150,14 @@ def _unused_cache(folder: str, backend: str) -> str:
 
 
 def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
-    columns = parse_columns(args.text_columns)
+    try:
+        return _predict(args, stdin, stdout, stderr)
+    except lines.InputError as e:  # the input lines' own errors (portable.lines)
+        raise PredictError(str(e)) from None
+
+
+def _predict(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+    columns = lines.parse_columns(args.text_columns)
     if args.batch_size < 1:
         raise PredictError(f"--batch-size must be >= 1, got {args.batch_size}")
     request = Request(args.backend, args.dtype, args.policy).checked()  # before loading
@@ -180,7 +173,8 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
         elif request.backend is not None:
             raise PredictError(_unused_cache(args.onnx_cache, f"--backend {request.backend}"))
     source = "stdin" if args.input == "-" else args.input
-    rows = read_rows(read_input(args.input, stdin), source, columns, args.header)  # early
+    text = lines.read_input(args.input, stdin)
+    rows = lines.read_rows(text, source, columns, args.header)  # early
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     loaded = load_for_inference(  # a CheckpointError is printed as this tool's error
         args.checkpoint, args.data, device, label_order=False, request=request,
@@ -201,21 +195,17 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
         except ValueError as e:
             raise PredictError(f"--policy: {e}") from None
     encoder = loaded.examples
-    if columns is None and encoder.num_inputs == 2:
-        raise PredictError(
-            f"{args.checkpoint} is a sentence-pair model: give a TSV with --text-columns 1,2"
-        )
-    blank = set(blank_lines(rows))  # not classified: '-' on their output lines
+    lines.check_inputs(rows, encoder.num_inputs, source, args.checkpoint, columns)
+    blank = set(lines.blank_lines(rows))  # not classified: '-' on their output lines
     if blank:
-        lines = f"{count_lines(blank, 'blank input line')} ({line_list(sorted(blank))})"
-        stderr.write(f"{PROG}: note: {lines}: not classified, '-' on their output lines\n")
+        stderr.write(f"{PROG}: {lines.blank_note(sorted(blank))}\n")
     texts = [row for row in rows if row.line not in blank]
     examples = encode_rows(encoder, texts, source)
     cut = cut_lines(encoder, texts, examples)
     if cut:
-        lines = f"{count_lines(cut, 'input line')} ({line_list(cut)})"
+        what = f"{lines.count_lines(cut, 'input line')} ({lines.line_list(cut)})"
         stderr.write(
-            f"{PROG}: note: {lines} cut at the model's {encoder.max_positions} positions (the "
+            f"{PROG}: note: {what} cut at the model's {encoder.max_positions} positions (the "
             "checkpoint was trained with --shorten-method truncate)\n"
         )
 
@@ -227,31 +217,22 @@ def predict_main(args: argparse.Namespace, stdin: TextIO, stdout: TextIO, stderr
         if policy is not None:
             runner.prepare(policy)  # exported once, untimed
         stderr.write(f"{PROG}: backend: onnxruntime, segments in {runner.folder}\n")
-    if examples:  # the first forwards pay one-time costs (threads, the padded path): untimed
-        by_length = sorted(examples, key=len)
-        warm_up = [by_length[0], by_length[-1]][: min(2, args.batch_size, len(examples))]
-        run_batches(runner, warm_up, policy, args.head, args.batch_size, pad, device)
+    first = lines.warm_up(examples, args.batch_size)  # one-time costs, untimed
+    run_batches(runner, first, policy, args.head, args.batch_size, pad, device)
     start = time.perf_counter()
     results = run_batches(runner, examples, policy, args.head, args.batch_size, pad, device)
     seconds = time.perf_counter() - start
-    divisor = float((loaded.meta or {}).get("label_divisor") or 1.0)
-    answers = iter(results)
-    for row in rows:
-        if row.line in blank:
-            stdout.write("-\t-\t-\n")
-            continue
-        index, prob, layer, value = next(answers)
-        if loaded.regression or loaded.labels is None:  # the score in the raw labels' units
-            stdout.write(f"{value * divisor:.4g}\t-\t{layer}\n")
-        else:
-            stdout.write(f"{loaded.labels[index]}\t{prob:.4f}\t{layer}\n")
+    divisor = float((loaded.meta or {}).get("label_divisor") or 1.0)  # the raw labels' units
+    layers = [layer for _, layer in results]
+    answered = []
+    if results:
+        logits = np.stack([row for row, _ in results])
+        answered = lines.output_lines(logits, layers, loaded.labels, loaded.regression, divisor)
+    for line in lines.with_blanks(rows, blank, answered):
+        stdout.write(line + "\n")
     stdout.flush()
-    mean_layer = sum(r[2] for r in results) / len(results) if results else 0.0
-    rate = len(results) / seconds if seconds > 0 else float("inf")
-    stderr.write(
-        f"{PROG}: {len(results)} sentences, {rate:.1f} sentences/s (timed after one warm-up "
-        f"forward), mean exit layer {mean_layer:.2f} of {num_layers(model)} ({plan.label})\n"
-    )
+    depth = num_layers(model)
+    stderr.write(f"{PROG}: {lines.summary(len(results), seconds, layers, depth, plan.label)}\n")
     return 0
 
 

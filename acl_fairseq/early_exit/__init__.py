@@ -1,11 +1,11 @@
-"""Early-exit policies and their calibration, in pure torch / numpy (no fairseq import).
+"""Early-exit policies and their calibration, in torch / numpy (no fairseq import).
 
-``policies`` (the registry of kinds and their rules), ``per_exit`` (the per-exit kinds) and
-``learned`` (the learned decision), registered here, ``thresholds`` (the curve from one pass
-over every exit), ``calibrate`` / ``calibration_search`` / ``learned_calibration`` /
-``risk_control`` (policies fitted to a split for a target) and ``table`` (the sweep table's
-file). The loop that runs a policy is ``runtime.torch_loop`` (``runtime.onnx_runtime`` on
-ONNX Runtime); its row bookkeeping, shared by both, is ``runtime.rows``.
+``policies`` (the registry of kinds), ``per_exit`` (the per-exit kinds) and ``learned`` (the
+learned decision), registered here, ``thresholds`` (the curve from one pass over every exit),
+``calibrate`` / ``calibration_search`` / ``learned_calibration`` / ``risk_control`` (policies
+fitted to a split for a target) and ``table`` (the sweep table's file). Each kind's decision is
+its rule table run by ``portable.decide``, the one decision of every loop (``runtime
+.torch_loop``, ``portable.ort_loop``, the bundle's runner).
 """
 
 # isort: off

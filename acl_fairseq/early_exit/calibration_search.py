@@ -33,11 +33,11 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
-import torch
 from torch import Tensor
 
+from ..portable import decide as host
 from .per_exit import PerExitPolicy, per_exit_policy
-from .policies import softmax_entropy
+from .policies import on_host
 from .thresholds import ExitLogits, TargetError
 
 __all__ = ["NEVER", "KINDS", "Split", "cut_threshold", "error_budget", "never_threshold",
@@ -64,12 +64,12 @@ class Split:
         self.n = int(targets.numel())
         preds = [x.argmax(dim=-1).cpu() for _, x in exit_logits]
         self.correct = np.stack([p.eq(targets).numpy() for p in preds], axis=1)  # N x (E+1)
-        scores = []  # "smaller = more confident", float32 as the policies compute them
+        scores = []  # "smaller = more confident", float32 as the decision computes them
         for _, x in exit_logits[:-1]:
             if kind == "entropy":
-                scores.append(softmax_entropy(x).cpu().numpy())
+                scores.append(host.entropy(on_host(x)))
             else:
-                scores.append(-torch.softmax(x.float(), dim=-1).amax(dim=-1).cpu().numpy())
+                scores.append(-host.maxprob(on_host(x)))
         self.scores = np.stack(scores, axis=1).astype(np.float32)  # N x E
         # per exit: distinct values ascending; rank[r, e] = index of the row's value
         self.values, self.rank = [], []

@@ -17,7 +17,8 @@ The spec names every weight, so the file is self-describing and a model with oth
 is refused: ``learned:0.91;bias=-2.5;maxprob=3.1;margin=1.2;entropy=-0.4;agree=0.8;run=0.3;
 exit=0.05``. ``fit_logistic`` fits the weights (L2-regularised, Newton's method, float64,
 deterministic); ``early_exit.learned_calibration`` fits them to a split and calibrates the
-threshold on out-of-fold scores. Pure torch.
+threshold on out-of-fold scores. The features and the decision are ``portable.decide``'s (numpy,
+float32), which every loop runs.
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .policies import ExitPolicy, PolicyState, register_policy
+from ..portable import decide as host
+from ..portable.decide import FEATURES, probability_logit
+from .policies import (
+    ExitPolicy,
+    PolicyState,
+    host_state,
+    on_host,
+    register_policy,
+    tensor_state,
+)
 
 __all__ = [
     "FEATURES",
@@ -44,23 +54,15 @@ __all__ = [
     "split_features",
 ]
 
-FEATURES = ("maxprob", "margin", "entropy", "agree", "run", "exit")
-"""The features, in the order of ``exit_features``' columns and of the weights."""
-
 
 def feature_state(batch_size: int, device: torch.device | str | None = None) -> PolicyState:
     """The features' per-row state before the first exit: ``prev_pred`` (B long, -1: none),
-    ``counter`` (B float32, PABEE's) and ``step`` (B float32, exits passed)."""
-    return {
-        "prev_pred": torch.full((batch_size,), -1, dtype=torch.long, device=device),
-        "counter": torch.zeros(batch_size, dtype=torch.float32, device=device),
-        "step": torch.zeros(batch_size, dtype=torch.float32, device=device),
-    }
+    ``counter`` (B long, PABEE's) and ``step`` (B long, exits passed)."""
+    return tensor_state(host.feature_state(batch_size), device)
 
 
 def exit_features(logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-    """The features of one exit (module docstring), in few operations (the policy runs this at
-    every exit).
+    """The features of one exit (``portable.decide.features``, which the policy runs).
 
     Args:
         logits: B x K logits of the exit for the rows still running.
@@ -68,25 +70,8 @@ def exit_features(logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicySta
     Returns:
         ``(B x len(FEATURES) float32, new state)``.
     """
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be B x K, got shape {tuple(logits.shape)}")
-    log_p = torch.log_softmax(logits.float(), dim=-1)
-    probs = torch.softmax(logits.float(), dim=-1)  # row kernels: the same numbers at any B
-    if probs.size(-1) > 1:
-        top, second = probs.topk(2, dim=-1).values.unbind(-1)
-        margin = top - second
-    else:
-        top = margin = probs[:, 0]
-    terms = (probs * log_p).unbind(-1)  # finite logits: p * log p is finite
-    entropy = -terms[0]
-    for term in terms[1:]:  # elementwise, class by class (a reduction's order depends on B)
-        entropy = entropy - term
-    pred = logits.argmax(dim=-1)
-    same = pred.eq(state["prev_pred"]).float()
-    counter = (state["counter"] + 1) * same
-    step = state["step"] + 1
-    features = torch.stack([top, margin, entropy, same, counter, step], dim=1)
-    return features, {"prev_pred": pred, "counter": counter, "step": step}
+    table, new = host.features(on_host(logits), host_state(state))
+    return torch.from_numpy(table).to(logits.device), tensor_state(new, logits.device)
 
 
 def split_features(shallow: Sequence[Tensor]) -> Tensor:
@@ -94,49 +79,26 @@ def split_features(shallow: Sequence[Tensor]) -> Tensor:
     same numbers as the policy computes at those exits."""
     if not shallow:
         raise ValueError("features need at least one shallow exit")
-    state = feature_state(shallow[0].size(0), shallow[0].device)
+    state = host.feature_state(shallow[0].size(0))
     columns = []
     for logits in shallow:
-        features, state = exit_features(logits, state)
-        columns.append(features)
-    return torch.stack(columns, dim=1)
+        table, state = host.features(on_host(logits), state)
+        columns.append(table)
+    return torch.from_numpy(np.stack(columns, axis=1)).to(shallow[0].device)
 
 
-def _as_tensors(weights: Tensor | Sequence[float], bias: float, device: Any) -> tuple:
-    w = torch.as_tensor(weights, dtype=torch.float32).to(device)
-    return w, torch.tensor(float(bias), dtype=torch.float32, device=device)
-
-
-def _logit(features: Tensor, weights: Tensor, bias: Tensor) -> Tensor:
-    """``bias + sum_f features[:, f] * weights[f]`` in float32 for B x F features, with
-    elementwise operations only, feature by feature: a row's number does not depend on the
-    batch (a reduction's order, or a vectorised ``exp``, may)."""
-    z = bias
-    for term in (features * weights).unbind(-1):
-        z = z + term
-    return z
-
-
-def logistic_logit(features: Tensor, weights: Tensor, bias: float) -> Tensor:
+def logistic_logit(features: Tensor, weights: Tensor | Sequence[float], bias: float) -> Tensor:
     """``bias + sum_f features[..., f] * weights[f]`` in float32, as the policy computes it
-    (its probability is the sigmoid of this).
+    (``portable.decide.learned_logit``; its probability is the sigmoid of this).
 
     Args:
         features: ... x F.
         weights: F.
     """
-    flat = features.float().reshape(-1, features.size(-1))
-    return _logit(flat, *_as_tensors(weights, bias, features.device)).view(features.shape[:-1])
-
-
-def probability_logit(threshold: float) -> float:
-    """The logit of a probability threshold, rounded to float32 (what ``z >=`` compares):
-    ``-inf`` for 0, ``inf`` from 1 on."""
-    if threshold <= 0:
-        return -math.inf
-    if threshold >= 1:
-        return math.inf
-    return float(np.float32(math.log(threshold) - math.log1p(-threshold)))
+    w = np.asarray(torch.as_tensor(weights, dtype=torch.float32).cpu().numpy(), np.float32)
+    table = features.detach().float().cpu().numpy()
+    z = host.learned_logit(table, w, np.float32(bias))
+    return torch.from_numpy(np.asarray(z, dtype=np.float32)).to(features.device)
 
 
 def _objective(x: Tensor, y: Tensor, theta: Tensor, l2: float) -> Tensor:
@@ -293,32 +255,15 @@ class LearnedPolicy(ExitPolicy):
         """A probability is below 1: a threshold of 1 or more never lets a row out."""
         return self.threshold >= 1.0 or num_shallow_exits == 0
 
-    def init_state(self, batch_size: int, device: torch.device | str | None = None) -> PolicyState:
-        return feature_state(batch_size, device)
-
-    def _weights(self, device: torch.device) -> tuple:
-        """The weights and bias as float32 tensors on ``device`` (cached)."""
-        cache = self.__dict__.setdefault("_tables", {})
-        if device not in cache:
-            cache[device] = _as_tensors(self.weights, self.bias, device)
-        return cache[device]
-
-    def host_weights(self) -> tuple[list[float], float]:
-        """The weights and bias as the policy runs them (float32), as Python floats (cached:
-        the batch-1 path asks at every row)."""
-        cache = self.__dict__
-        if "_host" not in cache:
-            weights, bias = self._weights(torch.device("cpu"))
-            cache["_host"] = (weights.tolist(), float(bias))
-        return cache["_host"]
+    def rule(self) -> dict[str, Any]:
+        return {
+            "kind": "learned",
+            "threshold": host.json_number(self.threshold),
+            "weights": list(self.weights),
+            "bias": self.bias,
+        }
 
     def logit(self, features: Tensor) -> Tensor:
         """The model's logit for ``... x F`` features (float32); a row leaves where it is at
         least ``probability_logit(threshold)`` (its probability at least the threshold)."""
-        flat = features.float().reshape(-1, features.size(-1))
-        return _logit(flat, *self._weights(features.device)).view(features.shape[:-1])
-
-    def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-        features, new_state = exit_features(logits, state)
-        z = _logit(features, *self._weights(logits.device))
-        return z >= probability_logit(self.threshold), new_state
+        return logistic_logit(features, self.weights, self.bias)

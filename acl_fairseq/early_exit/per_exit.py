@@ -11,10 +11,9 @@ confidence". ``per_exit_entropy:none`` never leaves early.
 
 The thresholds are fitted to a labelled split by ``early_exit.calibrate`` (``calibrated``: the
 sweep has no grid for these kinds). Each threshold is checked by the single-threshold kind's
-own constructor, the patience by ``PatiencePolicy``'s. Pure torch.
-
-State per row: ``step`` (how many of the policy's exits the row has passed) and, with patience,
-PABEE's ``counter`` and ``prev_pred``.
+own constructor, the patience by ``PatiencePolicy``'s. The decision is the rule's
+(``portable.decide``): state per row ``step`` (how many of the policy's exits the row has
+passed) and, with patience, PABEE's ``counter`` and ``prev_pred``.
 """
 
 from __future__ import annotations
@@ -24,16 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
-from torch import Tensor
-
+from ..portable import decide as host
 from .policies import (
     ConfidencePolicy,
     EntropyPolicy,
     ExitPolicy,
     MaxProbPolicy,
     PatiencePolicy,
-    PolicyState,
     register_policy,
 )
 
@@ -144,42 +140,15 @@ class PerExitPolicy(ExitPolicy):
 
     # ------------------------------------------------------------------ decisions
 
-    def init_state(self, batch_size: int, device: torch.device | str | None = None) -> PolicyState:
-        state = {"step": torch.zeros(batch_size, dtype=torch.long, device=device)}
-        if self.patience is not None:
-            state.update(PatiencePolicy(self.patience).init_state(batch_size, device))
-        return state
-
-    def _table(self, device: torch.device) -> Tensor:
-        """The thresholds as float32 on ``device`` (cached), as the single kinds compare."""
-        cache = self.__dict__.setdefault("_tables", {})
-        if device not in cache:
-            cache[device] = torch.tensor(self.thresholds, dtype=torch.float32, device=device)
-        return cache[device]
-
-    def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-        """Per row, the threshold of the policy's exit the row is at (``step``); no host sync.
-        Call it at the policy's ``exits`` only, in order."""
-        if logits.dim() != 2:
-            raise ValueError(f"logits must be B x K, got shape {tuple(logits.shape)}")
-        step = state["step"]
-        try:  # no host sync: an index past the table raises (on the CPU)
-            limit = self._table(logits.device)[step]
-        except IndexError:
-            raise ValueError(
-                f"policy {self.spec} has {len(self.layers)} exit(s) but was asked to decide at "
-                "more: evaluate only its exits (ExitPolicy.exits)"
-            ) from None
-        score = self.single.score(logits)
-        exit_mask = score >= limit if self.single.exits_above else score < limit
-        new_state = {"step": step + 1}
-        if self.patience is not None:
-            patient, counters = PatiencePolicy(self.patience).decide(
-                logits, {"counter": state["counter"], "prev_pred": state["prev_pred"]}
-            )
-            exit_mask = exit_mask | patient
-            new_state.update(counters)
-        return exit_mask, new_state
+    def rule(self) -> dict[str, Any]:
+        """Call the decision at the policy's ``exits`` only, in order (a call past them is a
+        ``ValueError``)."""
+        return {
+            "kind": self.kind,
+            "layers": list(self.layers),
+            "thresholds": [host.json_number(t) for t in self.thresholds],
+            "patience": self.patience,
+        }
 
 
 @register_policy

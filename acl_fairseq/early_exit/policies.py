@@ -1,18 +1,23 @@
-"""Early-exit policies, batched, in pure torch (no fairseq import): one registry of the kinds.
+"""Early-exit policies (no fairseq import): one registry of the kinds, their parsing, names,
+ranges and sweep grids.
 
 A policy decides, for every row of a batch, whether the example leaves the network at the
-current exit. The loop (``early_exit.loop.run_early_exit``) walks the exits in layer order
-and, at each one, calls ``decide`` with the logits of the rows still running::
+current exit. Its decision is written once, on numpy host arrays, in ``portable.decide``: each
+built-in kind hands its rule table there (``ExitPolicy.rule``), and every loop (the torch
+loops, the ONNX Runtime loop, the bundle's runner) runs that rule on the exit's logits taken
+to the host. ``decide`` here is the same decision for torch tensors (calibration's one-pass
+simulation, tests)::
 
     state = policy.init_state(batch_size, device)
-    for each shallow exit:
+    for each exit the policy decides at:
         exit_mask, state = policy.decide(logits, state)   # logits: B' x K
         keep = (~exit_mask).nonzero().squeeze(1)
         state = {k: v.index_select(0, keep) for k, v in state.items()}
 
 Every tensor in ``state`` is per row (first dimension = rows still running), so the caller can
 drop the rows that exited by indexing the state like the hidden states. Policies themselves are
-immutable dataclasses; all per-call information lives in ``state``.
+immutable dataclasses; all per-call information lives in ``state``. A kind without a rule
+(a registered extension) overrides ``decide`` and ``init_state`` and decides on tensors.
 
 Kinds (``POLICIES``; a new kind is one class here with ``@register_policy``):
 
@@ -41,8 +46,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
+
+from ..portable import decide as host
 
 __all__ = [
     "POLICIES",
@@ -70,23 +78,34 @@ POLICIES: dict[str, type[ExitPolicy]] = {}
 _SYNTAX = '"KIND:VALUE" with KIND one of {kinds} (e.g. "entropy:0.3", "patience:2")'
 
 
+def on_host(logits: Tensor) -> np.ndarray:
+    """B x K logits as the decision reads them: float32 on the host (``ValueError`` unless
+    2-D)."""
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be B x K, got shape {tuple(logits.shape)}")
+    return logits.detach().float().cpu().numpy()
+
+
+def host_state(state: PolicyState) -> host.State:
+    """A per-row state as the decision keeps it (numpy)."""
+    return {k: v.cpu().numpy() for k, v in state.items()}
+
+
+def tensor_state(state: host.State, device: torch.device | str | None) -> PolicyState:
+    """The decision's per-row state as tensors on ``device``."""
+    return {k: torch.from_numpy(v).to(device) for k, v in state.items()}
+
+
 def softmax_entropy(logits: Tensor) -> Tensor:
-    """Entropy in nats of ``softmax(logits)`` per row, computed in float32.
+    """Entropy in nats of ``softmax(logits)`` per row, as the decision computes it
+    (``portable.decide.entropy``, float32).
 
     Args:
         logits: B x K.
     Returns:
-        B, float32, ``>= 0`` (terms with probability 0 contribute 0).
+        B, float32, ``>= 0`` (terms with probability 0 contribute 0), on the logits' device.
     """
-    log_p = torch.log_softmax(logits.float(), dim=-1)
-    p = log_p.exp()
-    plogp = torch.where(p > 0, p * log_p, 0.0)
-    return -plogp.sum(dim=-1)
-
-
-def _check_logits(logits: Tensor) -> None:
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be B x K, got shape {tuple(logits.shape)}")
+    return torch.from_numpy(host.entropy(on_host(logits))).to(logits.device)
 
 
 def register_policy(cls: type[ExitPolicy]) -> type[ExitPolicy]:
@@ -128,9 +147,25 @@ class ExitPolicy(ABC):
             return f"{self.kind}:{'inf' if math.isinf(value) else repr(value)}"
         return f"{self.kind}:{value}"
 
+    def rule(self) -> dict[str, Any] | None:
+        """The kind's rule table (``portable.decide``: JSON-able), which every loop and the
+        bundle run; None for a kind that decides on tensors itself (overriding ``decide``)."""
+        return None
+
+    def decision(self) -> host.Decision | None:
+        """``portable.decide.Decision`` of ``rule`` (made once), None without a rule."""
+        cache = self.__dict__
+        if "_decision" not in cache:
+            rule = self.rule()
+            cache["_decision"] = host.Decision(rule) if rule is not None else None
+        return cache["_decision"]
+
     def init_state(self, batch_size: int, device: torch.device | str | None = None) -> PolicyState:
         """Initial per-row state for ``batch_size`` rows (empty for stateless policies)."""
-        return {}
+        decision = self.decision()
+        if decision is None:
+            return {}
+        return tensor_state(decision.init_state(batch_size), device)
 
     def never_exits(self, num_shallow_exits: int) -> bool:
         """True when no row can leave at any of ``num_shallow_exits`` shallow exits, whatever
@@ -143,9 +178,9 @@ class ExitPolicy(ABC):
         policy names an exit the model does not have."""
         return tuple(shallow_exit_layers)
 
-    @abstractmethod
     def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-        """Decide which rows exit at the current exit.
+        """Decide which rows exit at the current exit: the rule's decision
+        (``portable.decide.Decision``) on the host, its result back on the logits' device.
 
         Args:
             logits: B x K logits of the current exit for the rows still running.
@@ -155,6 +190,11 @@ class ExitPolicy(ABC):
             ``(exit_mask, new_state)``: exit_mask is a B bool tensor (True = leaves now);
             new_state holds B-row tensors (the caller removes the exiting rows itself).
         """
+        decision = self.decision()
+        if decision is None:
+            raise NotImplementedError(f"{type(self).__name__}: no rule; override decide")
+        leave, new = decision.decide(on_host(logits), host_state(state))
+        return torch.from_numpy(leave).to(logits.device), tensor_state(new, logits.device)
 
     @classmethod
     def value_name(cls) -> str:
@@ -204,7 +244,7 @@ class ConfidencePolicy(ExitPolicy):
     @staticmethod
     @abstractmethod
     def score(logits: Tensor) -> Tensor:
-        """B x K logits -> B confidence scores (float32)."""
+        """B x K logits -> B confidence scores (float32, ``portable.decide``'s)."""
 
     @classmethod
     def always_exits(cls) -> float:
@@ -217,10 +257,8 @@ class ConfidencePolicy(ExitPolicy):
         low, high = cls.bounds
         return max(low, min(high, threshold))
 
-    def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-        _check_logits(logits)
-        score = self.score(logits)
-        return (score >= self.threshold if self.exits_above else score < self.threshold), state
+    def rule(self) -> dict[str, Any]:
+        return {"kind": self.kind, "threshold": host.json_number(self.threshold)}
 
 
 @register_policy
@@ -260,7 +298,7 @@ class MaxProbPolicy(ConfidencePolicy):
 
     @staticmethod
     def score(logits: Tensor) -> Tensor:
-        return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+        return torch.from_numpy(host.maxprob(on_host(logits))).to(logits.device)
 
     @staticmethod
     def default_grid(num_classes: int, num_shallow_exits: int) -> list[float]:
@@ -312,18 +350,8 @@ class PatiencePolicy(ExitPolicy):
         """Patience ``t`` exits at the ``(t+1)``-th shallow exit at the earliest."""
         return self.patience >= num_shallow_exits
 
-    def init_state(self, batch_size: int, device: torch.device | str | None = None) -> PolicyState:
-        return {
-            "counter": torch.zeros(batch_size, dtype=torch.long, device=device),
-            "prev_pred": torch.full((batch_size,), -1, dtype=torch.long, device=device),
-        }
-
-    def decide(self, logits: Tensor, state: PolicyState) -> tuple[Tensor, PolicyState]:
-        _check_logits(logits)
-        pred = logits.argmax(dim=-1)
-        same = pred.eq(state["prev_pred"])
-        counter = torch.where(same, state["counter"] + 1, torch.zeros_like(state["counter"]))
-        return counter >= self.patience, {"counter": counter, "prev_pred": pred}
+    def rule(self) -> dict[str, Any]:
+        return {"kind": "patience", "patience": self.patience}
 
 
 def policy_kind(kind: str) -> type[ExitPolicy]:

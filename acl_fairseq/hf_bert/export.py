@@ -2,7 +2,7 @@
 
 ``export_checkpoint(CKPT, OUTDIR)`` (``acl-fairseq-export-hf``) writes ``config.json``
 (``BertForSequenceClassification``, ``id2label`` from the labels the checkpoint recorded),
-``model.safetensors`` and the tokenizer (``hf_bert.tokenizer``), which
+``model.safetensors`` and the tokenizer (``data.tokenizer.hf_json``), which
 ``AutoModelForSequenceClassification`` and ``AutoTokenizer`` load with no custom code. The
 final exit by default; ``layer=l``: the exit at layer ``l`` as a BERT of ``l`` layers (an exit
 reads the hidden states after its layer, as a shallower encoder's output).
@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from ..atomic_write import write_json, write_with
+from ..data.tokenizer.hf_json import Framing, hf_tokenizer, write_tokenizer
 from ..data.tokenizer.kinds import TokenizerConfig
 from ..inference.loader import load_for_inference
 from ..models.heads import DEFAULT_HEAD, exit_head_name
 from .state import FAIRSEQ_TO_HIDDEN_ACT, ConversionError, fairseq_state_to_bert
-from .tokenizer import Framing, hf_tokenizer, write_tokenizer
 
 __all__ = ["ExportSummary", "bert_config", "check_exportable", "export_checkpoint", "export_model"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import AclValueError
+from ..errors import ConversionError
 from ..models.heads import DEFAULT_HEAD
 
 logger = logging.getLogger(__name__)
@@ -51,10 +51,6 @@ LAYER_MAP: dict[str, str] = {
     "output.dense": "fc2",
     "output.LayerNorm": "final_layer_norm",
 }
-
-
-class ConversionError(AclValueError):
-    """A model cannot be converted, either way (the message says which file or field and why)."""
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
-"""The vocabulary both ways: a BERT ``vocab.txt`` as a fairseq dictionary (``build_vocab_mapping``,
-``write_dict``, for ``convert``) and a fairseq dictionary as a tokenizer's vocabulary
-(``exported_vocab``, for ``export``)."""
+"""A BERT ``vocab.txt`` as a fairseq dictionary (``build_vocab_mapping``, ``write_dict``, for
+``convert``); the way back, a dictionary as a tokenizer's vocabulary, is
+``data.tokenizer.hf_json.exported_vocab``."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,63 +137,3 @@ def build_vocab_mapping(
 def write_dict(path: Path, mapping: VocabMapping) -> None:
     """Write ``dict.txt`` (``SYMBOL 1`` per line; fairseq adds the specials and ``<mask>``)."""
     write_text(path, "".join(f"{sym} 1\n" for sym in mapping.dict_symbols))
-
-
-# ----------------------------------------------------------------------------- the way back
-
-
-@dataclass(frozen=True)
-class ExportedVocab:
-    """A fairseq dictionary as a tokenizer's vocabulary: token ``tokens[i]`` has id ``i`` and
-    the embedding row ``rows[i]`` of the fairseq model. The first ids are the dictionary's, in
-    its order; then come the tokens the tokenizer can produce that the dictionary lacks, on
-    the ``<unk>`` row (fairseq encodes them as ``<unk>``)."""
-
-    tokens: list[str]
-    rows: list[int]
-
-    @property
-    def ids(self) -> dict[str, int]:
-        return {token: i for i, token in enumerate(self.tokens)}
-
-
-def exported_vocab(
-    symbols: Sequence[str],
-    unk: int,
-    names: Mapping[str, str],
-    keep: Collection[str],
-    producible: Iterable[str],
-) -> ExportedVocab:
-    """The dictionary ``symbols`` (``Dictionary.symbols``; ``unk``: the ``<unk>`` index) as the
-    vocabulary of a tokenizer that produces the tokens ``producible``: each symbol renamed by
-    ``names`` (``<s>`` -> ``[CLS]``, a GPT-2 id -> its byte-level token; a produced token
-    stands for the symbol named so, else for itself); a symbol no produced token stands for
-    (and not in ``keep``, the specials) becomes ``<unreachable_ID>``, which the tokenizer does
-    not produce either; then the producible tokens the dictionary lacks."""
-    producible = list(dict.fromkeys(producible))
-    reachable = set(producible)
-    symbol_of = {token: symbol for symbol, token in names.items()}
-    tokens = []
-    for i, symbol in enumerate(symbols):
-        token = names.get(symbol, symbol)
-        if symbol not in keep and (token not in reachable or symbol_of.get(token, token) != symbol):
-            token = f"<unreachable_{i}>"
-            while token in reachable:
-                token = "_" + token
-        tokens.append(token)
-    seen: dict[str, int] = {}
-    for i, token in enumerate(tokens):
-        if token in seen:
-            raise ConversionError(
-                f"the dictionary holds {token!r} twice (ids {seen[token]} and {i}, as "
-                f"{symbols[seen[token]]!r} and {symbols[i]!r}): a tokenizer vocabulary needs "
-                "one id per token"
-            )
-        seen[token] = i
-    rows = list(range(len(tokens)))
-    for token in producible:
-        if token not in seen:
-            seen[token] = len(tokens)
-            tokens.append(token)
-            rows.append(unk)
-    return ExportedVocab(tokens, rows)

@@ -1,8 +1,8 @@
 """The early-exit runtime: running a multi-exit model so that rows leave at their exit.
 
-One place for what every backend shares and each backend's loop: ``rows`` (the row
-bookkeeping and ``EarlyExitResult``), ``row_decider`` (one row's decisions on the host, batch
-1), ``torch_loop`` / ``torch_row`` (the loop on the fairseq model in torch), ``onnx_runtime``
-(the same loop on ONNX Runtime sessions of the model's segments) and ``precision`` (the model
-at fp32, bf16 or int8). The plugin fairseq loads for training imports none of it.
+The torch side of it: ``rows`` (``EarlyExitResult`` and a policy's decider on host arrays),
+``torch_loop`` / ``torch_row`` (the loop on the fairseq model in torch), ``onnx_runtime`` (the
+model exported per exit segment, run by ``portable.ort_loop``) and ``precision`` (the model at
+fp32, bf16 or int8). The decision and the row bookkeeping every loop runs are
+``acl_fairseq.portable``'s (numpy). The plugin fairseq loads for training imports none of it.
 """

@@ -10,14 +10,13 @@ Outputs: ``hidden`` (T x B x C, the next segment's ``x``) and ``logits`` (B x K 
 last segment ends at the final layer with the final head and outputs ``logits`` only. Batch and
 time are dynamic axes.
 
-``OrtEarlyExit`` runs ``run_early_exit``'s loop on one ``onnxruntime.InferenceSession`` per
-segment (``fp32``, or ``int8``: ``quantize_dynamic`` with int8 weights per channel, its
-sessions without ``INT8_DISABLED``'s fusion): the policy decides on torch tensors over the
-sessions' outputs, and the row bookkeeping is the torch loop's own
-(``runtime.rows``). A policy that never exits runs one full-depth session; one
-unpadded row runs without row bookkeeping and decides on the host, as the torch loop's batch-1
-path (``runtime.row_decider``). The fairseq model is the reference the tests
-compare it with.
+``OrtEarlyExit`` exports the segments and runs them with ``portable.ort_loop`` (one
+``onnxruntime.InferenceSession`` per segment, ``fp32``, or ``int8``: ``quantize_dynamic`` with
+int8 weights per channel, its sessions without ``INT8_DISABLED``'s fusion): the loop, the
+decision (``portable.decide``) and the row bookkeeping (``portable.rows``) on numpy, the same
+code the bundle's runner runs without torch. A policy that never exits runs one full-depth
+session; one unpadded row runs without row bookkeeping. The fairseq model is the reference the
+tests compare it with.
 
 Exported files are cached under the folder given, in a folder named by the model's content
 fingerprint (``checkpoint.fingerprint``), its head and the export format; one file per
@@ -36,13 +35,11 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -51,9 +48,11 @@ from ..checkpoint.fingerprint import model_fingerprint
 from ..cpu_features import has_vnni
 from ..early_exit.policies import ExitPolicy, as_policy
 from ..errors import AclFairseqError, AclOSError, AclRuntimeError, AclValueError
+from ..portable import ort_loop
+from ..portable.ort_loop import INT8_DISABLED, global_pool
+from ..portable.ort_loop import session as ort_session
 from .precision import model_precision
-from .row_decider import RowDecider
-from .rows import EarlyExitResult, RunningRows
+from .rows import EarlyExitResult, host_decider, to_torch
 
 __all__ = [
     "BACKENDS",
@@ -80,10 +79,6 @@ BACKENDS = ("fairseq", "onnxruntime")
 ONNX_CACHE = "onnx_runtime"
 """The tools' default cache of exported segments, a folder next to the checkpoint."""
 OPSET = 17
-INT8_DISABLED = ("SkipLayerNormFusion",)
-"""Graph optimizations left out of the int8 sessions: fusing the residual add into the layer
-norm made the int8 encoder slower on x86 CPUs (docs/results.md, "Inference against its
-anchors")."""
 FORMAT = 1
 """The segments' graph format: cached files of another format are not reused."""
 
@@ -178,71 +173,6 @@ def quantize_int8(source: Path, target: Path, bits: int | None = None) -> None:
         )  # fmt: skip
     finally:
         logging.disable(previous)
-
-
-_GLOBAL_POOL: list[int] = []
-"""The intra-op threads of this process's global ONNX Runtime thread pool once made (0: made
-by another caller, size unknown)."""
-
-
-def global_pool(threads: int | None = None) -> int | None:
-    """The intra-op threads of this process's global ONNX Runtime thread pool, or None while it
-    is not made; ``threads``: make it with that many if not yet made. One pool per process, its
-    size fixed once made, and every session made after it runs on it (ONNX Runtime's rule)."""
-    if threads is not None and not _GLOBAL_POOL:
-        ort = require_onnxruntime()
-        try:
-            ort.capi._pybind_state.set_global_thread_pool_sizes(threads, 1)
-            _GLOBAL_POOL.append(threads)
-        except AttributeError:  # an ONNX Runtime without the call: per-session threads
-            pass
-        except RuntimeError:  # already made by another caller
-            _GLOBAL_POOL.append(0)
-    return _GLOBAL_POOL[0] if _GLOBAL_POOL else None
-
-
-def ort_session(
-    path: Path,
-    threads: int,
-    spinning: bool = True,
-    shared: bool = False,
-    disabled_optimizers: Sequence[str] = (),
-) -> Any:
-    """An ``InferenceSession`` of ``path`` on the CPU: ``threads`` intra-op threads, one
-    inter-op thread, every graph optimization but ``disabled_optimizers`` (ONNX Runtime's
-    names, e.g. ``INT8_DISABLED``); ``spinning=False``: its idle threads sleep (sessions run
-    one after the other would otherwise take each other's cores).
-
-    ``shared``: on the process's global thread pool (``global_pool``, made with ``threads``
-    threads on first use), which sessions run one after the other, as the segments are, use
-    without waking or fighting each other's threads. Once the pool is made, every session runs
-    on it, at its size."""
-    ort = require_onnxruntime()
-    options = ort.SessionOptions()
-    if global_pool(threads if shared else None) is not None:
-        options.use_per_session_threads = False
-    else:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        if not spinning:
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"], **extra)
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """torch on one thread inside the block, its thread count restored after."""
-    threads = torch.get_num_threads()
-    if threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 class _Segment(nn.Module):
@@ -425,15 +355,19 @@ class OrtEarlyExit:
                 f"clear the cache (rm -r {self.folder}) and run again"
             ) from None
 
-    def segments(self, exits: Sequence[int]) -> list[tuple[int, Any]]:
-        """``[(exit layer, session)]`` of the segments ending at ``exits`` (shallow, in order)
+    def spans(self, exits: Sequence[int]) -> list[tuple[int, int]]:
+        """``[(first, last)]`` layers of the segments ending at ``exits`` (shallow, in order)
         and at the last layer."""
-        out, first = [], 1
-        for last in [*exits, self.num_layers]:
+        lasts = [*exits, self.num_layers]
+        return list(zip([1, *(last + 1 for last in lasts[:-1])], lasts))
+
+    def segments(self, exits: Sequence[int]) -> list[tuple[int, Any]]:
+        """``[(exit layer, session)]`` of the segments ``spans(exits)``."""
+        out = []
+        for first, last in self.spans(exits):
             if (first, last) not in self._sessions:
                 self._sessions[first, last] = self._session(first, last)
             out.append((last, self._sessions[first, last]))
-            first = last + 1
         return out
 
     def exits_of(self, policy: ExitPolicy) -> tuple[int, ...]:
@@ -452,9 +386,9 @@ class OrtEarlyExit:
     def __call__(self, src_tokens: Tensor, classification_head_name: str | None = None):
         """``(logits B x K, None)`` of the full-depth model (one session)."""
         self._check_head(classification_head_name)
-        (_, session), tokens = self.segments(())[0], src_tokens.cpu()
-        feeds = {"x": tokens.numpy(), "padding_mask": tokens.eq(self.pad).numpy()}
-        return torch.from_numpy(session.run(None, feeds)[-1]), None
+        tokens = src_tokens.cpu().numpy()
+        result = ort_loop.run_early_exit(self.segments(()), tokens, self.pad, None, self.num_layers)
+        return torch.from_numpy(result.logits), None
 
     def exit_outputs(
         self, src_tokens: Tensor, classification_head_name: str | None = None, **unused: Any
@@ -476,39 +410,13 @@ class OrtEarlyExit:
         classification_head_name: str | None = None,
         **unused: Any,
     ) -> EarlyExitResult:
-        """``run_early_exit`` on the sessions: ``src_tokens`` B x T -> ``EarlyExitResult(
-        predictions B, exit_layers B, logits B x K)``. The policy's and the bookkeeping's small
-        torch ops run on one torch thread: torch's idle threads would take the sessions' cores."""
+        """``run_early_exit`` on the sessions (``portable.ort_loop``, numpy): ``src_tokens``
+        B x T -> ``EarlyExitResult(predictions B, exit_layers B, logits B x K)``."""
         self._check_head(classification_head_name)
         policy = as_policy(policy)
         segments = self.segments(self.exits_of(policy))
-        with one_torch_thread():
-            return self._early_exit(src_tokens.cpu(), policy, segments)
-
-    def _early_exit(
-        self, tokens: Tensor, policy: ExitPolicy, segments: list[tuple[int, Any]]
-    ) -> EarlyExitResult:
-        bsz, padding_mask = tokens.size(0), tokens.eq(self.pad)  # B x T
-        has_pads = bool(padding_mask.any())
-        x, mask = tokens.numpy(), padding_mask.numpy()
-        if len(segments) == 1 or (bsz == 1 and not has_pads):  # no row bookkeeping
-            decider = RowDecider(policy, tokens.device)  # one row (or full depth: unused)
-            for layer, session in segments:
-                *hidden, logits = session.run(None, {"x": x, "padding_mask": mask})
-                scores = torch.from_numpy(logits)
-                if layer == self.num_layers or decider.leave(scores):
-                    break
-                x = hidden[0]
-            layers = torch.full((bsz,), layer, dtype=torch.long)
-            return EarlyExitResult(scores.argmax(dim=-1), layers, scores)
-        running = RunningRows(policy, padding_mask, has_pads, self.num_layers)
-        for layer, session in segments:
-            outs = session.run(None, {"x": x, "padding_mask": mask})
-            keep = running.at_exit(layer, torch.from_numpy(outs[-1]))
-            if running.done:
-                break
-            x = outs[0]
-            if keep is not None:  # some rows left: keep the others (and their width)
-                x = np.take(x, keep.numpy(), axis=1)[: running.width]  # no torch threads
-                mask = np.ascontiguousarray(running.padding_mask.numpy())
-        return running.result()
+        tokens = src_tokens.cpu().numpy()
+        decider = host_decider(policy)
+        return to_torch(
+            ort_loop.run_early_exit(segments, tokens, self.pad, decider, self.num_layers)
+        )

@@ -1,32 +1,25 @@
-"""The row bookkeeping of the batched early-exit loop, whatever runs the layers: the rows still
-running, the policy's state, each row's exit and logits (pure torch, no model).
+"""What the torch side of the early-exit loops shares: ``EarlyExitResult`` (the result in
+tensors) and the decider of a policy on host arrays (``host_decider``).
 
-The loop (``runtime.torch_loop`` in torch, ``runtime.onnx_runtime`` on ONNX Runtime)
-runs the layers and, at each exit the policy decides at, hands the running rows' logits to
-``RunningRows.at_exit``, which records the rows that leave and returns the indices of the rows
-that stay when some left (the loop then keeps those rows of its hidden states and their first
-``width`` positions); ``done`` says that no row runs any more. At the last exit every running
-row leaves.
-
-* one host sync per exit (does any row leave?) and, only where some row leaves and more than
-  one row runs, a second one (how many rows stay and, with padding, the new width);
-* the kept rows are found with a stable sort of the exit mask (no ``nonzero``); the leaving
-  rows' logits are written with ``index_copy_`` on the running rows (rows that stay are
-  overwritten at their own exit later);
-* with padding, trailing columns that became all-pad are dropped (exact: padded keys get no
-  attention), from per-row lengths computed once.
+The decision and the row bookkeeping themselves are ``portable.decide`` and ``portable.rows``
+(numpy), which the ONNX Runtime loop and the bundle's runner run too: a torch loop takes each
+exit's logits to the host (it synchronises once per exit anyway, to know whether a row leaves)
+and turns the kept rows' indices back into a tensor on its device.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ..early_exit.policies import ExitPolicy
+from ..early_exit.policies import ExitPolicy, host_state, tensor_state
+from ..portable import decide as host
+from ..portable.rows import Decider, ExitResult
 
-__all__ = ["EarlyExitResult", "RunningRows"]
+__all__ = ["EarlyExitResult", "TensorDecider", "host_decider", "to_torch"]
 
 
 class EarlyExitResult(NamedTuple):
@@ -38,86 +31,32 @@ class EarlyExitResult(NamedTuple):
     labels: list[str] | None = None  # B label names (the hub's ``predict_early_exit``)
 
 
-class RunningRows:
-    """The running rows of a batch of B rows (``padding_mask``: B x T bool, True at padding;
-    ``has_pads``: whether any position is padding) under ``policy``; ``last_layer``: the exit
-    every row still running leaves at."""
+class TensorDecider:
+    """A policy without a rule (a registered extension that overrides ``decide``) as a decider
+    on host arrays: its own ``decide`` on tensors on ``device``."""
 
-    def __init__(
-        self, policy: ExitPolicy, padding_mask: Tensor, has_pads: bool, last_layer: int
-    ) -> None:
-        bsz, device = padding_mask.size(0), padding_mask.device
-        nonpad = ~padding_mask
-        # per row: number of real tokens and 1 + position of the last one (for trimming)
-        self.counts = nonpad.sum(dim=1)
-        positions = torch.arange(1, padding_mask.size(1) + 1, device=device)
-        self.ends = (nonpad * positions).amax(dim=1) if padding_mask.size(1) > 0 else self.counts
-        self.policy = policy
-        self.padding_mask = padding_mask  # B' x T' of the running rows
-        self.has_pads = has_pads  # whether the running rows have padding
-        self.width = padding_mask.size(1)  # T': positions the running rows keep
-        self.size = bsz  # B': rows still running
-        self.rows = torch.arange(bsz, device=device)  # original index of each running row
-        self.state = policy.init_state(bsz, device)
-        self.exit_layers = torch.full((bsz,), last_layer, dtype=torch.long, device=device)
-        self.logits: Tensor | None = None  # B x K, allocated at the first exit
-        self.last_layer = last_layer
-        self.done = False  # no row runs any more
+    def __init__(self, policy: ExitPolicy, device: torch.device | str) -> None:
+        self.policy, self.device = policy, torch.device(device)
 
-    def at_exit(self, layer: int, logits: Tensor) -> Tensor | None:
-        """The running rows' ``logits`` (B' x K) at the exit of ``layer``: records the rows that
-        leave. Returns the indices (B'') of the rows that stay when some left and some stay
-        (keep them, and the first ``width`` positions, of the hidden states), else None."""
-        if self.logits is None:
-            self.logits = logits.new_zeros(self.exit_layers.size(0), logits.size(-1))
-        if layer == self.last_layer:  # every running row exits at the last layer
-            self._record(layer, logits)
-            self.done = True
-            return None
-        exit_mask, self.state = self.policy.decide(logits, self.state)
-        if not bool(exit_mask.any()):  # one host sync; nobody leaves here
-            return None
-        if self.size == 1:  # a single running row leaves: no row bookkeeping
-            self._record(layer, logits)
-            self.done = True
-            return None
-        stay = ~exit_mask
-        if self.has_pads:  # kept rows, their widest end and fewest real tokens: one sync
-            big = torch.iinfo(self.counts.dtype).max
-            stats = torch.stack(
-                [
-                    stay.sum(),
-                    torch.where(stay, self.ends, 0).amax(),
-                    torch.where(stay, self.counts, big).amin(),
-                ]
-            ).tolist()
-            kept, width, fewest = (int(v) for v in stats)
-        else:
-            kept = int(stay.sum())
-        self._record(layer, logits)  # rows that stay are overwritten later
-        if kept == 0:
-            self.done = True
-            return None
-        keep = torch.sort(exit_mask.to(torch.uint8), stable=True).indices[:kept]
-        self.size = kept
-        self.rows = self.rows.index_select(0, keep)
-        self.padding_mask = self.padding_mask.index_select(0, keep)
-        self.counts, self.ends = self.counts.index_select(0, keep), self.ends.index_select(0, keep)
-        self.state = {k: v.index_select(0, keep) for k, v in self.state.items()}
-        if self.has_pads:  # drop trailing all-pad columns
-            width = max(width, 1)
-            if width < self.width:
-                self.padding_mask, self.width = self.padding_mask[:, :width], width
-            self.has_pads = fewest < width
-        return keep
+    def init_state(self, rows: int) -> host.State:
+        return host_state(self.policy.init_state(rows, self.device))
 
-    def _record(self, layer: int, logits: Tensor) -> None:
-        assert self.logits is not None
-        self.logits.index_copy_(0, self.rows, logits)
-        self.exit_layers.index_fill_(0, self.rows, layer)
+    def decide(self, logits: np.ndarray, state: host.State) -> tuple[np.ndarray, host.State]:
+        mask, new = self.policy.decide(
+            torch.from_numpy(logits).to(self.device), tensor_state(state, self.device)
+        )
+        return mask.cpu().numpy().astype(bool), host_state(new)
 
-    def result(self) -> EarlyExitResult:
-        """``EarlyExitResult(predictions B, exit_layers B, logits B x K)`` once ``done``."""
-        assert self.done and self.logits is not None  # the last layer always has an exit
-        # the stored logits: the same argmax as at the exit
-        return EarlyExitResult(self.logits.argmax(dim=-1), self.exit_layers, self.logits)
+
+def host_decider(policy: ExitPolicy, device: torch.device | str = "cpu") -> Decider:
+    """What decides for ``policy`` on host arrays: its rule's ``portable.decide.Decision``, or
+    its own ``decide`` on tensors (``TensorDecider``, on ``device``) for a kind without one."""
+    decision = policy.decision()
+    return decision if decision is not None else TensorDecider(policy, device)
+
+
+def to_torch(result: ExitResult, device: Any = "cpu") -> EarlyExitResult:
+    """A numpy ``ExitResult`` as tensors on ``device``."""
+    return EarlyExitResult(
+        *(torch.from_numpy(np.ascontiguousarray(part)).to(device) for part in result)
+    )

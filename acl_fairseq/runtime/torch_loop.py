@@ -10,14 +10,12 @@ It mirrors ``TransformerEncoder.forward`` layer by layer and keeps the work per 
 * an exit's logits come from its head (``pool`` then ``classify``, as in training) on what the
   exit sees (``model.exit_hidden``); with ``first`` pooling only the first position is
   layer-normed (the same numbers as normalising every position and pooling afterwards);
-* the policy decides on the device (``ExitPolicy.decide``, the one rule of each policy); the
-  row bookkeeping (``runtime.rows.RunningRows``, shared with the ONNX Runtime
-  backend ``runtime.onnx_runtime``): one host sync per shallow exit (does any row leave?)
-  and, only where some row leaves and more than one row runs, a second one (how many rows
-  stay and, with padding, the new width); the batch is compacted only when some row leaves;
+* each exit's logits go to the host (one sync per exit), where the policy's rule decides
+  (``portable.decide``, the one decision every loop runs) and the row bookkeeping runs
+  (``portable.rows.RunningRows``, shared with the ONNX Runtime loop and the bundle); the kept
+  rows' indices come back as a tensor and the batch is compacted only when some row leaves;
 * one unpadded row (batch 1) takes ``torch_row.run_single_row``: four or five tensor ops
-  per exit instead of about twenty, the built-in kinds deciding on the host (the same
-  numbers); a single running row of a batch stops at its exit with no row bookkeeping;
+  per exit instead of about twenty, the same decision;
 * ``mean`` pooling uses weights computed once (``pooling.MeanWeights``).
 
 Results equal the per-example and full-depth runs (the tests check both).
@@ -32,7 +30,8 @@ from torch import Tensor
 
 from ..early_exit.policies import ExitPolicy
 from ..models.pooling import MeanWeights
-from .rows import EarlyExitResult, RunningRows
+from ..portable.rows import RunningRows
+from .rows import EarlyExitResult, host_decider, to_torch
 from .torch_row import run_single_row
 
 __all__ = ["run_early_exit"]
@@ -93,18 +92,22 @@ def run_early_exit(
 
     uses_mean = any(head.pooling == "mean" for head in heads.values())
     mean = MeanWeights(padding_mask, has_pads) if uses_mean else None
-    running = RunningRows(policy, padding_mask, has_pads, num_layers)
+    running = RunningRows(host_decider(policy, device), padding_mask.cpu().numpy(), num_layers)
+    mask = padding_mask  # the running rows' padding, on the device
     for layer_idx, layer in enumerate(encoder.layers, start=1):
-        x = _run_layer(layer, x, running.padding_mask if running.has_pads else None)
+        x = _run_layer(layer, x, mask if running.has_pads else None)
         if layer_idx not in heads:
             continue
-        keep = running.at_exit(layer_idx, _exit_logits(model, heads[layer_idx], x, mean))
+        logits = _exit_logits(model, heads[layer_idx], x, mean)
+        keep = running.at_exit(layer_idx, logits.detach().float().cpu().numpy())
         if running.done:
             break
         if keep is not None:  # some rows left: keep the others (and their width)
-            x = x.index_select(1, keep)
+            rows = torch.from_numpy(keep).to(device)
+            x = x.index_select(1, rows)
             if running.width < x.size(0):
                 x = x[: running.width]
+            mask = torch.from_numpy(running.padding_mask).to(device)
             if mean is not None:
-                mean.select(keep, x.size(0))
-    return running.result()
+                mean.select(rows, x.size(0))
+    return to_torch(running.result(), device)

@@ -11,9 +11,9 @@ head's three, the policy's rule, the host sync); this path spends four or five:
   positions and divides by their count (``pooling.row_mean``, ``masked_mean``'s numbers); then
   ``dense``, activation, ``out_proj`` (their ``forward`` when no hook is set; a ``linear`` head
   has ``out_proj`` only); dropout is the identity in eval mode;
-* the decision (``runtime.row_decider.RowDecider``): the logits come to the host once and
-  the built-in kinds apply their rule there in float64, exactly the policy's decisions; other
-  kinds decide on the tensor (one ``decide`` and one sync per exit).
+* the decision: the logits come to the host once (one sync per exit) and the policy's rule
+  decides there (``portable.decide``, the one decision of every loop); a kind without a rule
+  decides on the tensor (``rows.TensorDecider``).
 
 Logits, exits and predictions equal the general loop's bit for bit (the tests compare both on
 every kind and precision).
@@ -29,8 +29,7 @@ from torch import Tensor
 
 from ..early_exit.policies import ExitPolicy
 from ..models.pooling import row_mean
-from .row_decider import RowDecider
-from .rows import EarlyExitResult
+from .rows import EarlyExitResult, host_decider
 
 __all__ = ["run_single_row"]
 
@@ -80,7 +79,8 @@ def run_single_row(
         count = torch.full((1, 1), float(max(1, src_tokens.size(1))), device=device)
     hooks = _hooks_anywhere()
     row_heads = {layer: _row_head(model, head, hooks, count) for layer, head in heads.items()}
-    decider = RowDecider(policy, device)
+    decider = host_decider(policy, device)
+    state = decider.init_state(1)
     logits, exit_layer = None, num_layers
     for layer_idx, layer in enumerate(encoder.layers, start=1):
         out = layer(x, encoder_padding_mask=None)
@@ -90,7 +90,8 @@ def run_single_row(
         logits = row_heads[layer_idx](x)
         if layer_idx == num_layers:
             break
-        if decider.leave(logits):
+        leave, state = decider.decide(logits.detach().float().cpu().numpy(), state)
+        if leave[0]:
             exit_layer = layer_idx
             break
     assert logits is not None  # the last layer always has an exit

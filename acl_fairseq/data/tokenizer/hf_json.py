@@ -1,11 +1,12 @@
-"""The project's text encoding as a Hugging Face fast tokenizer, for ``export``.
+"""The project's text encoding as a Hugging Face fast tokenizer (``tokenizer.json``), for the
+``transformers`` export (``hf_bert.export``) and the early-exit bundle (``inference.bundle``).
 
 ``tokenizer.json`` reproduces ``ExampleEncoder``: the tokenizer recorded at preparation (BERT
 WordPiece, GPT-2 byte-level BPE, SentencePiece unigram), the fairseq dictionary's ids, and the
 framing of ``--init-token`` / ``--separator-token`` / ``</s>``. ``AutoTokenizer`` then gives the
 ids that ``acl-fairseq-predict`` feeds the model. Tokens the tokenizer produces but the
 dictionary lacks get ids after the dictionary's, on the ``<unk>`` row
-(``vocab.exported_vocab``); dictionary symbols the tokenizer never produces keep their rows
+(``exported_vocab``); dictionary symbols the tokenizer never produces keep their rows
 under a name it does not produce. One difference, for GPT-2 none: a text holding a special
 token's string (``<s>``, ``[CLS]``) reads it as that token, as ``transformers`` tokenizers do
 (WordPiece in training did too; SentencePiece read unknown pieces).
@@ -14,17 +15,23 @@ token's string (``<s>``, ``[CLS]``) reads it as that token, as ``transformers`` 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic_write import write_json, write_text, write_with
-from ..data.tokenizer.kinds import TokenizerConfig, WordPieceTokenizer
-from .state import ConversionError
-from .vocab import ExportedVocab, exported_vocab
+from ...atomic_write import write_json, write_text, write_with
+from ...errors import ConversionError
+from .kinds import TokenizerConfig, WordPieceTokenizer
 
-__all__ = ["Framing", "HfTokenizer", "hf_tokenizer", "write_tokenizer"]
+__all__ = [
+    "ExportedVocab",
+    "Framing",
+    "HfTokenizer",
+    "exported_vocab",
+    "hf_tokenizer",
+    "write_tokenizer",
+]
 
 #: fairseq's special symbols and the ``transformers`` role each one plays.
 FAIRSEQ_ROLES = {
@@ -38,6 +45,63 @@ COVERED = ("wordpiece", "gpt2", "sentencepiece")
 #: SentencePiece ``ModelProto.SentencePiece.Type``: the pieces ``encode`` produces.
 SPM_NORMAL, SPM_USER_DEFINED, SPM_BYTE = 1, 4, 6
 SPM_UNIGRAM = 1  # ``TrainerSpec.ModelType``
+
+
+@dataclass(frozen=True)
+class ExportedVocab:
+    """A fairseq dictionary as a tokenizer's vocabulary: token ``tokens[i]`` has id ``i`` and
+    the embedding row ``rows[i]`` of the fairseq model. The first ids are the dictionary's, in
+    its order; then come the tokens the tokenizer can produce that the dictionary lacks, on
+    the ``<unk>`` row (fairseq encodes them as ``<unk>``)."""
+
+    tokens: list[str]
+    rows: list[int]
+
+    @property
+    def ids(self) -> dict[str, int]:
+        return {token: i for i, token in enumerate(self.tokens)}
+
+
+def exported_vocab(
+    symbols: Sequence[str],
+    unk: int,
+    names: Mapping[str, str],
+    keep: Collection[str],
+    producible: Iterable[str],
+) -> ExportedVocab:
+    """The dictionary ``symbols`` (``Dictionary.symbols``; ``unk``: the ``<unk>`` index) as the
+    vocabulary of a tokenizer that produces the tokens ``producible``: each symbol renamed by
+    ``names`` (``<s>`` -> ``[CLS]``, a GPT-2 id -> its byte-level token; a produced token
+    stands for the symbol named so, else for itself); a symbol no produced token stands for
+    (and not in ``keep``, the specials) becomes ``<unreachable_ID>``, which the tokenizer does
+    not produce either; then the producible tokens the dictionary lacks."""
+    producible = list(dict.fromkeys(producible))
+    reachable = set(producible)
+    symbol_of = {token: symbol for symbol, token in names.items()}
+    tokens = []
+    for i, symbol in enumerate(symbols):
+        token = names.get(symbol, symbol)
+        if symbol not in keep and (token not in reachable or symbol_of.get(token, token) != symbol):
+            token = f"<unreachable_{i}>"
+            while token in reachable:
+                token = "_" + token
+        tokens.append(token)
+    seen: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        if token in seen:
+            raise ConversionError(
+                f"the dictionary holds {token!r} twice (ids {seen[token]} and {i}, as "
+                f"{symbols[seen[token]]!r} and {symbols[i]!r}): a tokenizer vocabulary needs "
+                "one id per token"
+            )
+        seen[token] = i
+    rows = list(range(len(tokens)))
+    for token in producible:
+        if token not in seen:
+            seen[token] = len(tokens)
+            tokens.append(token)
+            rows.append(unk)
+    return ExportedVocab(tokens, rows)
 
 
 @dataclass(frozen=True)
