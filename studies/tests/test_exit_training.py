@@ -1,6 +1,8 @@
 """The exit-training study: its judge against a naive computation, its verdict on hand-made
 numbers, and the commands of its recipes."""
 
+import csv
+import json
 import math
 from pathlib import Path
 
@@ -177,3 +179,40 @@ def test_cpu_time_is_recorded_once_per_run(tmp_path):
     chain.timed(run_dir, "train_eval", work)  # done before: run (to check) but not re-timed
     assert (run_dir / "cpu.json").read_text() == first and len(spent) == 2
     assert Path(run_dir / "cpu.json").exists()
+
+
+def test_the_report_writes_every_judged_run_and_the_verdict(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "docs"
+    for i, (name, seed) in enumerate([("control", 1), ("control", 2), ("long-uniform", 1)]):
+        run_dir = work / "runs" / "exit-training" / name / "runs" / f"acl_cl-seed{seed}"
+        run_dir.mkdir(parents=True)
+        dev, dev_t = synthetic_exits(200, 10 + i)
+        test, test_t = synthetic_exits(300, 20 + i)
+        (run_dir / "judge.json").write_text(json.dumps(exit_judge.judge(dev, dev_t, test, test_t)))
+        (run_dir / "test.json").write_text(json.dumps({"dev": {"num_updates": 186.0}}))
+        (run_dir / "cpu.json").write_text(json.dumps(
+            {"train_eval": {"cpu_s": 600.0, "wall_s": 1200.0}, "judge": {"cpu_s": 40.0},
+             "commit": "735cb07abc"}
+        ))  # fmt: skip
+        (run_dir / "command.txt").write_text(
+            f"{tmp_path}/ck/.venv/bin/fairseq-train {work}/data/movie-bin --user-dir "
+            f"{tmp_path}/ck/acl_fairseq --save-dir {work}/runs/x\n"
+        )
+    verdict = exit_training.report(work, out)
+    assert set(verdict["recipes"]) == {"control", "long-uniform"}
+    with open(out / "runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["recipe"], r["seed"]) for r in rows] == [
+        ("control", "1"), ("control", "2"), ("long-uniform", "1")
+    ]  # fmt: skip
+    assert rows[0]["cpu_min"] == "10.0" and rows[0]["best_update"] == "186"
+    assert rows[0]["commit"] == "735cb07"
+    readme = (out / "README.md").read_text()
+    assert "| control | 2 |" in readme and "| long-uniform | 1 |" in readme
+    assert ("**met**" in readme) == verdict["met"]
+    command = (out / "runs" / "control" / "acl_cl-seed1" / "command.txt").read_text()
+    assert str(tmp_path) not in command
+    assert command.startswith("<repo>/.venv/bin/fairseq-train <work>/data/movie-bin")
+    assert json.loads((out / "verdict.json").read_text())["floor"] == pytest.approx(
+        verdict["floor"]
+    )
