@@ -21,6 +21,7 @@ import csv
 import json
 import os
 import resource
+import shlex
 import statistics
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from acl_fairseq.cpu_features import cpu_model_name
 from studies.data import REPO
 from studies.exit_judge import GOAL, MARGIN, RULE, judge, verdicts
 from studies.phases import TASKS, git_commit
+from studies.records import checkout_of
 from studies.round2 import MAIN_LAMBDA, MOVIE, STAGE2_VARIANT, Round2, contrastive
 from studies.runs import check_retrained, finished, link_run, need_checkpoints
 
@@ -138,16 +140,16 @@ class ExitTraining(Round2):
         self.timed(record, "train_eval", lambda: self.compare(self.stage1_out, args))
         check_retrained(self.stage1_out, again)
 
-    def timed(self, run_dir: Path, key: str, work) -> None:
+    def timed(self, run_dir: Path, key: str, work, done_before: bool | None = None) -> None:
         """Runs ``work`` and adds its CPU time (this process and its children) and wall time
         under ``key`` to ``run_dir/cpu.json``; nothing is added when the work was done
-        before (the record already has ``key``)."""
+        before: the record has ``key``, or ``done_before`` (default: the run was finished)."""
         path = run_dir / "cpu.json"
         record = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
         if key in record:
             work()  # resumable: checks and skips
             return
-        was_finished = finished(run_dir)
+        was_finished = finished(run_dir) if done_before is None else done_before
         before = _cpu_seconds(), time.time()
         work()
         if was_finished:
@@ -173,7 +175,7 @@ class ExitTraining(Round2):
             result = judge_checkpoint(checkpoint, self.data("movie-bin"))
             out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
 
-        self.timed(run_dir, "judge", work)
+        self.timed(run_dir, "judge", work, done_before=False)  # the run is finished: judge it
 
 
 def _cpu_seconds() -> float:
@@ -319,25 +321,17 @@ def report(work: Path, out: Path) -> dict[str, Any]:
         for r in runs:
             dest = out / "runs" / r["recipe"] / r["run_dir"].name
             dest.mkdir(parents=True, exist_ok=True)
+            command = r["run_dir"] / "command.txt"
+            checkout = checkout_of(shlex.split(command.read_text())) if command.exists() else None
             for name in RUN_FILES:
                 src = r["run_dir"] / name
                 if src.exists():
                     text = src.read_text(encoding="utf-8", errors="replace")
                     text = text.replace(str(work.resolve()), "<work>")
-                    (dest / name).write_text(_portable(text), encoding="utf-8")
+                    for repo in filter(None, (checkout, str(REPO))):
+                        text = text.replace(f"{repo}/", "<repo>/")
+                    (dest / name).write_text(text, encoding="utf-8")
     return verdict
-
-
-def _portable(text: str) -> str:
-    """``text`` with the checkout the runs came from written as ``<repo>``."""
-    for line in text.splitlines():
-        if "--user-dir" in line:
-            parts = line.split()
-            plugin = parts[parts.index("--user-dir") + 1] if "--user-dir" in parts else ""
-            if plugin.endswith("/acl_fairseq"):
-                text = text.replace(plugin[: -len("acl_fairseq")], "<repo>/")
-            break
-    return text.replace(f"{REPO}/", "<repo>/")
 
 
 def run_phase(work: Path, phase: str, methods: list[str] | None, seeds: list[int] | None,

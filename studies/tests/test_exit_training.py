@@ -4,7 +4,6 @@ numbers, and the commands of its recipes."""
 import csv
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -178,7 +177,14 @@ def test_cpu_time_is_recorded_once_per_run(tmp_path):
     assert '"train_eval"' in first and '"cpu_s"' in first
     chain.timed(run_dir, "train_eval", work)  # done before: run (to check) but not re-timed
     assert (run_dir / "cpu.json").read_text() == first and len(spent) == 2
-    assert Path(run_dir / "cpu.json").exists()
+    chain.timed(run_dir, "judge", work, done_before=False)  # a finished run's judge: timed
+    record = json.loads((run_dir / "cpu.json").read_text())
+    assert set(record) >= {"train_eval", "judge"} and record["judge"]["cpu_s"] >= 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "test.json").write_text("{}")  # finished before this call: not timed
+    chain.timed(other, "train_eval", lambda: None)
+    assert not (other / "cpu.json").exists()
 
 
 def test_the_report_writes_every_judged_run_and_the_verdict(tmp_path):
@@ -198,6 +204,8 @@ def test_the_report_writes_every_judged_run_and_the_verdict(tmp_path):
             f"{tmp_path}/ck/.venv/bin/fairseq-train {work}/data/movie-bin --user-dir "
             f"{tmp_path}/ck/acl_fairseq --save-dir {work}/runs/x\n"
         )
+        listed = ["fairseq-train", "--user-dir", f"{tmp_path}/ck/acl_fairseq"]  # run.json's form
+        (run_dir / "run.json").write_text(json.dumps({"train_command": listed}, indent=1))
     verdict = exit_training.report(work, out)
     assert set(verdict["recipes"]) == {"control", "long-uniform"}
     with open(out / "runs.csv") as f:
@@ -213,6 +221,8 @@ def test_the_report_writes_every_judged_run_and_the_verdict(tmp_path):
     command = (out / "runs" / "control" / "acl_cl-seed1" / "command.txt").read_text()
     assert str(tmp_path) not in command
     assert command.startswith("<repo>/.venv/bin/fairseq-train <work>/data/movie-bin")
+    listed = (out / "runs" / "control" / "acl_cl-seed1" / "run.json").read_text()
+    assert str(tmp_path) not in listed and '"<repo>/acl_fairseq"' in listed
     assert json.loads((out / "verdict.json").read_text())["floor"] == pytest.approx(
         verdict["floor"]
     )
