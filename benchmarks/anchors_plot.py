@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -123,6 +124,14 @@ def points(rows: Sequence[dict[str, Any]]) -> dict[tuple[int, int], list[dict[st
     return dict(sorted(panels.items()))
 
 
+def _some_minor(value: float, _position: Any = None) -> str:
+    """A minor tick's label on a log axis spanning decades: 2, 3 and 5 of each decade."""
+    if value <= 0:
+        return ""
+    lead = round(value / 10 ** math.floor(math.log10(value)))
+    return f"{value:g}" if lead in (2, 3, 5) else ""
+
+
 def plot(rows: Sequence[dict[str, Any]], out: Path, title: str = "") -> dict[tuple[int, int], list]:
     """Writes the figure to ``out`` (PNG); returns what each panel shows (``points``)."""
     import matplotlib
@@ -167,8 +176,13 @@ def plot(rows: Sequence[dict[str, Any]], out: Path, title: str = "") -> dict[tup
             ax.set_xscale("log")
             plain = FuncFormatter(lambda v, _: f"{v:g}")
             ax.xaxis.set_major_formatter(plain)
-            ax.xaxis.set_minor_formatter(plain)
-            ax.tick_params(axis="x", which="minor", labelsize=7)
+            low, high = ax.get_xlim()
+            if high / low < 8:  # within a decade: label the minor ticks too
+                ax.xaxis.set_minor_formatter(plain)
+                ax.tick_params(axis="x", which="minor", labelsize=7)
+            else:  # 2, 3 and 5 of each decade
+                ax.xaxis.set_minor_formatter(FuncFormatter(_some_minor))
+                ax.tick_params(axis="x", which="minor", labelsize=7)
             ax.set_title(f"batch {b}, {t} thread{'s' if t > 1 else ''}")
             ax.set_xlabel("ms per sentence (log scale)")
             ax.set_ylabel("test accuracy %")

@@ -83,10 +83,14 @@ def judge(dev: ExitLogits, dev_targets: Tensor, test: ExitLogits, test_targets: 
     }
 
 
-def verdicts(per_recipe: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+def verdicts(
+    per_recipe: Mapping[str, Sequence[Mapping[str, Any]]], seeds: int = 3, num_recipes: int = 1
+) -> dict[str, Any]:
     """The study's verdict from ``{recipe: [judge() of each seed]}``: the reference (best
     recipe's mean full-depth test accuracy), and per recipe the means and spreads of the
-    rule's test accuracy and speed-up, the seeds within the margin, met or missed."""
+    rule's test accuracy and speed-up, the seeds within the margin, and its outcome: met or
+    missed once it has all ``seeds``, else no verdict. The study's outcome: met if a complete
+    recipe met the goal, missed once all ``num_recipes`` are complete, else no verdict."""
     full = {
         name: statistics.fmean(j["judge"]["test"]["full_accuracy"] for j in runs)
         for name, runs in per_recipe.items()
@@ -114,13 +118,26 @@ def verdicts(per_recipe: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str,
             "layer_speedup_range": (min(speedup), max(speedup)),
             "seeds_within_margin": sum(a >= floor - 1e-9 for a in accuracy),
             "within_margin": mean_acc >= floor - 1e-9,
-            "met": mean_acc >= floor - 1e-9 and mean_speed >= GOAL,
+            "met": mean_acc >= floor - 1e-9 and mean_speed >= GOAL and len(runs) >= seeds,
+            "outcome": _outcome(
+                mean_acc >= floor - 1e-9 and mean_speed >= GOAL, len(runs) >= seeds
+            ),
         }
+    complete = len(recipes) >= num_recipes and all(r["seeds"] >= seeds for r in recipes.values())
+    met = any(r["met"] for r in recipes.values())
     return {
         "reference_recipe": best,
         "reference_accuracy": reference,
         "floor": floor,
         "goal": GOAL,
         "recipes": recipes,
-        "met": any(r["met"] for r in recipes.values()),
+        "met": met,
+        "complete": complete,
+        "outcome": "met" if met else _outcome(False, complete),
+        "runs": sum(r["seeds"] for r in recipes.values()),
+        "runs_expected": num_recipes * seeds,
     }
+
+
+def _outcome(met: bool, complete: bool) -> str:
+    return "met" if met and complete else "missed" if complete else "no verdict (incomplete)"

@@ -276,8 +276,8 @@ def summary_markdown(per_recipe: dict[str, list[dict[str, Any]]], verdict: dict[
         f"Rule: **{RULE}** (chosen on the 600 dev sentences, run on the 2,000 test sentences). "
         f"Reference: the best full depth of the study, {verdict['reference_recipe']} at "
         f"{verdict['reference_accuracy']:.2f}; floor {verdict['floor']:.2f} ({MARGIN:g} point "
-        f"below). Goal: >= {GOAL:g}x within the floor, on the mean over seeds: "
-        f"**{'met' if verdict['met'] else 'missed'}**.",
+        f"below). Goal: >= {GOAL:g}x within the floor, on the mean over {len(SEEDS)} seeds: "
+        f"**{verdict['outcome']}** ({verdict['runs']} of {verdict['runs_expected']} runs).",
         "",
         "| recipe | seeds | full depth | exits 1-5 | oracle | rule: test accuracy | rule: "
         "speed-up (min-max) | seeds within the floor | goal | CPU min per run |",
@@ -299,7 +299,7 @@ def summary_markdown(per_recipe: dict[str, list[dict[str, Any]]], verdict: dict[
             f"| {name} | {len(runs)} | {_mean_std(full)} | {exits} | "
             f"{statistics.fmean(oracle):.2f}x | {_mean_std(acc)} | {_mean_std(speed)}x "
             f"({low:.2f}-{high:.2f}) | {v['seeds_within_margin']}/{len(runs)} | "
-            f"{'met' if v['met'] else 'missed'} | {_mean_std(cpu, 1) if cpu else '-'} |"
+            f"{v['outcome']} | {_mean_std(cpu, 1) if cpu else '-'} |"
         )
     lines += ["", "Every run: [runs.csv](runs.csv); its files: [runs/](runs/).", ""]
     return "\n".join(lines)
@@ -308,7 +308,8 @@ def summary_markdown(per_recipe: dict[str, list[dict[str, Any]]], verdict: dict[
 def report(work: Path, out: Path) -> dict[str, Any]:
     """Writes ``out``/README.md, runs.csv, verdict.json and each run's small files."""
     per_recipe = collect_runs(work)
-    verdict = verdicts({k: [r["judge"] for r in v] for k, v in per_recipe.items()})
+    judged = {k: [r["judge"] for r in v] for k, v in per_recipe.items()}
+    verdict = verdicts(judged, seeds=len(SEEDS), num_recipes=len(RECIPES))
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "runs.csv", "w", encoding="utf-8", newline="") as f:
         writer = csv.writer(f, lineterminator="\n")
@@ -343,6 +344,6 @@ def run_phase(work: Path, phase: str, methods: list[str] | None, seeds: list[int
     if phase == "exit-training-report":
         out = docs if docs is not None else REPO / "docs" / "study" / FOLDER
         verdict = report(work.resolve(), out)
-        print(f"wrote {out}; goal {'met' if verdict['met'] else 'missed'}", flush=True)
+        print(f"wrote {out}; goal: {verdict['outcome']}", flush=True)
         return True
     return False

@@ -93,7 +93,7 @@ def test_the_verdict_is_against_the_best_full_depth_of_the_study():
         "fast": [fake_judge(84.0, 84.8, 3.4), fake_judge(84.2, 84.6, 3.0)],  # its own within
         "good": [fake_judge(85.0, 84.8, 3.1), fake_judge(85.0, 84.6, 2.95)],
     }
-    v = exit_judge.verdicts(study_runs)
+    v = exit_judge.verdicts(study_runs, seeds=2, num_recipes=3)
     assert v["reference_recipe"] == "control"
     assert v["reference_accuracy"] == pytest.approx(85.2)
     assert v["floor"] == pytest.approx(84.7)
@@ -102,12 +102,22 @@ def test_the_verdict_is_against_the_best_full_depth_of_the_study():
     assert fast["layer_speedup"] == pytest.approx(3.2) and fast["met"]
     assert fast["seeds_within_margin"] == 1
     assert good["layer_speedup"] == pytest.approx(3.025) and good["accuracy"] == pytest.approx(84.7)
-    assert good["met"] and v["met"]
+    assert good["met"] and v["met"] and v["outcome"] == "met" and v["complete"]
     assert not v["recipes"]["control"]["met"]  # within the floor, not fast enough
+    assert v["recipes"]["control"]["outcome"] == "missed"
+    # a recipe short of its seeds, or a study short of its recipes, has no verdict
+    short = exit_judge.verdicts(study_runs, seeds=3, num_recipes=3)
+    assert not short["met"] and short["outcome"] == "no verdict (incomplete)"
+    assert {r["outcome"] for r in short["recipes"].values()} == {"no verdict (incomplete)"}
+    assert (short["runs"], short["runs_expected"]) == (6, 9)
+    assert exit_judge.verdicts(study_runs, seeds=2, num_recipes=5)["outcome"] == "met"
     slower = {**study_runs, "good": [fake_judge(85.0, 84.8, 3.1), fake_judge(85.0, 84.6, 2.8)]}
     slower["fast"] = [fake_judge(84.0, 84.6, 3.4), fake_judge(84.2, 84.6, 3.0)]  # 84.6 < floor
-    v = exit_judge.verdicts(slower)
+    v = exit_judge.verdicts(slower, seeds=2, num_recipes=3)
     assert not v["recipes"]["good"]["met"] and not v["recipes"]["fast"]["met"] and not v["met"]
+    assert v["outcome"] == "missed"
+    incomplete = exit_judge.verdicts(slower, seeds=2, num_recipes=4)
+    assert incomplete["outcome"] == "no verdict (incomplete)"
 
 
 def test_each_recipe_is_one_flag_set_over_the_study_s_stage_1(tmp_path, monkeypatch):
@@ -217,7 +227,8 @@ def test_the_report_writes_every_judged_run_and_the_verdict(tmp_path):
     assert rows[0]["commit"] == "735cb07"
     readme = (out / "README.md").read_text()
     assert "| control | 2 |" in readme and "| long-uniform | 1 |" in readme
-    assert ("**met**" in readme) == verdict["met"]
+    assert f"**{verdict['outcome']}** (3 of 15 runs)" in readme  # 5 recipes x 3 seeds
+    assert verdict["outcome"] == "no verdict (incomplete)"
     command = (out / "runs" / "control" / "acl_cl-seed1" / "command.txt").read_text()
     assert str(tmp_path) not in command
     assert command.startswith("<repo>/.venv/bin/fairseq-train <work>/data/movie-bin")
