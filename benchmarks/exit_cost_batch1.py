@@ -17,6 +17,9 @@ own, which one row gives apart):
 * ``batch-1 loop, last exit only``: the batch-1 path with no shallow exit, so that ``all
   exits`` minus this row is the exits' own cost and this row is the loop's against the plain
   forward;
+* ``floor: one value to the host per exit``: that loop with, at each shallow exit, the least an
+  exit can do in eager torch (one indexing op and one host sync, no head): minus the row
+  above, the part of the exits' cost no head or decision code can remove;
 * ``exits 2,4`` / ``exit 3``: a per-exit policy that evaluates only some exits (the skip list
   the sweep's calibration writes when an exit does not pay for its head, ``--head-cost``);
 * ``all exits, bf16 heads`` / ``int8 heads`` (fp32 encoder only): only the shallow heads'
@@ -78,6 +81,7 @@ NOBODY = 1e-30  # an entropy threshold no row passes: every exit evaluated, nobo
 PLAIN = "plain forward"
 GENERAL = "all exits, general loop (no batch-1 path: before)"
 LAST_ONLY = "batch-1 loop, last exit only"
+FLOOR = "floor: one value to the host per exit, no head"
 
 
 def random_model(pooling: str, length: int) -> tuple[Any, list[Tensor]]:
@@ -125,6 +129,7 @@ def variants(model: Any, dtype: str, onnx_folder: Path) -> dict[str, tuple[Any, 
     if dtype != ORT:
         out[GENERAL] = (base, EntropyPolicy(NOBODY))
         out[LAST_ONLY] = (base, EntropyPolicy(NOBODY))
+        out[FLOOR] = (base, EntropyPolicy(NOBODY))
     half = tuple(layer for layer in shallow if layer % 2 == 0)
     if half and half != shallow:
         policy = PerExitEntropyPolicy(half, (NOBODY,) * len(half))
@@ -149,7 +154,24 @@ def job(
     if name == LAST_ONLY:
         last = {model.num_layers: dict(model.exit_heads(HEAD))[model.num_layers]}
         return lambda: [run_single_row(model, r, policy, last) for r in rows]
+    if name == FLOOR:
+        return lambda: [floor_row(model, r) for r in rows]
     return lambda: [model.early_exit(r, policy, classification_head_name=HEAD) for r in rows]
+
+
+def floor_row(model: Any, tokens: Tensor) -> Tensor:
+    """The batch-1 loop with the final exit only and, after each shallow exit's layer, one
+    value of the hidden states read to the host: the least an exit can cost in eager torch."""
+    encoder = model.encoder.sentence_encoder
+    shallow = set(model.shallow_exit_layers)
+    x, _ = encoder.forward_embedding(tokens)
+    x = x.transpose(0, 1)  # T x 1 x C
+    for layer_idx, layer in enumerate(encoder.layers, start=1):
+        out = layer(x, encoder_padding_mask=None)
+        x = out[0] if isinstance(out, tuple) and len(out) == 2 else out
+        if layer_idx in shallow:
+            x[0, 0, 0].item()
+    return model.classification_heads[HEAD](x.transpose(0, 1))
 
 
 def interleaved(jobs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:

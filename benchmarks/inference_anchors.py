@@ -31,8 +31,11 @@ every system classifies the same ``--test`` sentences:
 Columns: accuracy, agreement with this project's fp32 full-depth predictions, mean exit layer,
 milliseconds per sentence (median of ``--rounds`` interleaved rounds over the split, after an
 untimed first pass per configuration that also gives the accuracy and the exits) and the
-speed-up over HF fp32 (median of the per-round ratios). Timings mean something only on an idle
-machine; ``--out FILE.md`` / ``FILE.csv`` writes the table::
+speed-up over HF fp32 (median of the per-round ratios). After each system's full depth, an
+``oracle-final`` row: the earliest exit that agrees with the final exit (so full depth's
+predictions), at full depth's time x its mean exit layer / L, a bound, not timed. Timings
+mean something only on an idle machine; ``--out FILE.md`` / ``FILE.csv`` writes the table,
+``--plot FILE.png`` the trade-off figure (``benchmarks/anchors_plot.py``)::
 
     OMP_NUM_THREADS=2 python -m benchmarks.inference_anchors CKPT DATA --rounds 5 \\
         --threads 2 --out anchors-2.md
@@ -62,7 +65,7 @@ import acl_fairseq  # noqa: F401  (registers the plugin)
 from acl_fairseq.data.splits import load_batches
 from acl_fairseq.early_exit.calibrate import CONSTRAINTS
 from acl_fairseq.early_exit.policies import POLICIES, ExitPolicy, parse_policy
-from acl_fairseq.early_exit.thresholds import TargetError, collect_exits
+from acl_fairseq.early_exit.thresholds import TargetError, collect_exits, oracle_exits
 from acl_fairseq.hf_bert.export import bert_config
 from acl_fairseq.hf_bert.state import fairseq_state_to_bert
 from acl_fairseq.inference import deploy
@@ -79,6 +82,8 @@ from acl_fairseq.runtime.onnx_runtime import (
     weight_bits,
 )
 from acl_fairseq.runtime.precision import check_precision, prepare_for_inference
+from benchmarks.anchors_plot import plot as plot_rows
+from benchmarks.anchors_plot import with_oracle_rows
 from benchmarks.common import checkpoint_parser
 
 HEAD = DEFAULT_HEAD
@@ -282,6 +287,12 @@ def measure(configs: Sequence[Config], batches, rounds: int) -> list[dict[str, A
     return rows
 
 
+def oracle_layer(system: Any, batches: Sequence[tuple[Tensor, Tensor]]) -> float:
+    """Mean exit layer of the earliest exit that agrees with ``system``'s final exit."""
+    layers, _ = oracle_exits(collect_exits(system, batches, HEAD)[0])
+    return float(layers.double().mean())
+
+
 def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
@@ -353,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ort-cache", type=Path, help="folder of this project's ONNX segments (default: temporary)"
     )
     p.add_argument("--out", type=Path, help="write the table: Markdown, or CSV for *.csv")
+    p.add_argument("--plot", type=Path, help="write the trade-off figure (PNG)")
     return p
 
 
@@ -412,6 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             systems[ORT_PROJECT] = on_ort
             ort_notes.append(f"{ORT_PROJECT}: segments in {on_ort.folder}")
         chosen, notes = deployable(systems, dev_batches, kinds, target, args.dev, own_costs)
+        test_batches = load_batches(task, args.test, 32, args.max_examples)
+        oracle = {name: oracle_layer(system, test_batches) for name, system in systems.items()}
         preamble = [
             f"# inference anchors: {Path(args.checkpoint).name}, measured on {args.test}, "
             f"policies chosen on {args.dev} (--max-accuracy-drop {args.max_accuracy_drop:g}, "
@@ -439,13 +453,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
             for size in _ints(args.batch_sizes):
                 batches = batches_of(task, args.test, size, args.max_examples, pad)
-                for row in measure(configs, batches, args.rounds):
-                    rows.append({"batch": size, "threads": count, **row})
+                measured = with_oracle_rows(
+                    measure(configs, batches, args.rounds), oracle, model.num_layers
+                )
+                rows += [{"batch": size, "threads": count, **row} for row in measured]
                 print(f"[anchors] batch {size}, {count} threads done", file=sys.stderr)
     print("\n".join([*preamble, "", *format_rows(rows)]))
     if args.out:
         write_rows(rows, args.out, preamble)
         print(f"\nwrote {args.out}")
+    if args.plot and args.rounds > 0:
+        plot_rows(rows, args.plot, f"{Path(args.checkpoint).name} on {args.test}")
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -23,6 +23,8 @@ Phases (``TASK`` is ``movie`` or ``pair``)::
     movie-earlyexit  entropy early exit of both multi-exit families (seed 1) on test
     fewshot        CE, CE+SCL, ACL at the movie choices: FEWSHOT sizes x 5 seeds
     restore        put the committed results of docs/study back under WORK (another machine)
+    exit-training  the training study for early answers, and exit-training-report its tables
+                   (studies/exit_training.py, docs/study/exit-training.md)
 
 Usage::
 
@@ -319,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--methods",
         type=lambda text: [m.strip() for m in text.split(",") if m.strip()],
-        help="second-round phases: only these methods (e.g. two processes sharing a phase)",
+        help="second-round phases: only these methods (e.g. two processes sharing a phase); "
+        "exit-training: only these recipes",
     )
     p.add_argument(
         "--seeds",
@@ -332,9 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         if phase == "restore":
             print(f"restored {restore(args.work_dir, args.docs)} runs", flush=True)
             continue
+        from studies import exit_training
         from studies.round2 import run_phase  # it builds on this module
 
         if run_phase(args.work_dir, phase, args.methods, args.seeds):
+            continue
+        if exit_training.run_phase(args.work_dir, phase, args.methods, args.seeds):
             continue
         if phase == "fewshot":
             Study(args.work_dir, "fewshot").fewshot()

@@ -136,6 +136,7 @@ def _opts(tmp_path, *extra):
     opts.data = opts.data.resolve()
     opts.arch_args = plan.read_arch_args(None, opts.arch_args)
     opts.extra_args = shlex.split(opts.extra)
+    opts.stage2_extra_args = shlex.split(opts.stage2_extra)
     opts.num_classes, opts.n_train, opts.cpu = 2, 100, True
     opts.note = plan.plan_epochs(opts)  # as main does once the examples are counted
     return opts
@@ -196,6 +197,31 @@ def test_train_commands(tmp_path):
     assert _flag(command, "--cross-layer-weighting") == "uniform"
     command = runner.train_command(plan.Run("ce", 3, None), stage2, tmp_path)
     assert _flag(command, "--max-epoch") == "3" and _flag(command, "--patience") == "4"
+
+    # joint_from_start: every exit from the pretrained model, trained as a stage-1 run
+    # (--epochs, --patience kept); --stage2-extra reaches the stage-2 runs only
+    start = _opts(
+        tmp_path, "--restore-file", str(tmp_path / "model.pt"), "--stage2-epochs", "2",
+        "--epochs", "3", "--extra", "--patience 4", "--exit-weighting", "reverse",
+        "--stage2-extra=--alternate-exits",
+    )  # fmt: skip
+    run_ = plan.Run("joint_from_start", 3, None)
+    assert run_.multi_exit and not run_.stage2 and run_.stage1 is None
+    command = runner.train_command(run_, start, start.out / "runs" / run_.name)
+    assert _flag(command, "--criterion") == "multi_exit_ce" and "--exit-layers" not in command
+    assert _flag(command, "--restore-file") == str(tmp_path / "model.pt")
+    assert _flag(command, "--max-epoch") == "3" and _flag(command, "--patience") == "4"
+    assert _flag(command, "--exit-weighting") == "reverse" and "--alternate-exits" not in command
+    for method in ("joint_from_acl", "acl_cl"):
+        command = runner.train_command(plan.Run(method, 3, 0.5), start, tmp_path)
+        assert command[-1] == "--alternate-exits" and _flag(command, "--max-epoch") == "2"
+    for method in ("acl", "ce"):
+        assert "--alternate-exits" not in runner.train_command(
+            plan.Run(method, 3, 0.5), start, tmp_path
+        )
+    assert [r.name for r in plan.plan_runs(["joint_from_start"], [1], 0.5)] == [
+        "joint_from_start-seed1"
+    ]
 
     plain = _opts(tmp_path, "--ce-scl-plain")
     run_ = plan.Run("ce_scl", 1, 0.5)

@@ -197,16 +197,146 @@ def test_acl_cross_layer_frozen_teacher_errors_name_the_flag(data_dir, tmp_path)
         crit.loss_terms(model, sample())
 
 
-def test_multi_exit_ce_is_weighted_ce(data_dir):
-    _, model, crit = build(data_dir, ["--criterion", "multi_exit_ce"])
+# weights of the exits at layers 1, 2, 3 by --exit-weighting, written out by hand
+HAND_WEIGHTS = {"layer": [1, 2, 3], "uniform": [1, 1, 1], "reverse": [3, 2, 1]}
+
+
+@pytest.mark.parametrize("weighting", [None, *HAND_WEIGHTS])
+def test_multi_exit_ce_is_weighted_ce(data_dir, weighting):
+    flags = [] if weighting is None else ["--exit-weighting", weighting]
+    _, model, crit = build(data_dir, ["--criterion", "multi_exit_ce", *flags])
     model.eval()
     s = sample()
     loss, n, log = crit(model, s)
     outs = model.exit_outputs(s["net_input"]["src_tokens"])
-    ref = sum(o.layer * F.cross_entropy(o.logits, s["target"], reduction="sum") for o in outs) / 6
+    raw = HAND_WEIGHTS[weighting or "layer"]  # the default is PABEE's
+    ref = sum(
+        r * F.cross_entropy(o.logits, s["target"], reduction="sum") for r, o in zip(raw, outs)
+    ) / sum(raw)
     assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
     assert log["contrastive_loss"].item() == 0.0
     assert crit.acl_grad is None  # ACL-Grad off: fairseq's own train_step
+
+
+def test_reverse_exit_weights_mirror_the_layer_index():
+    from acl_fairseq.criterions.multi_exit_ce import exit_weights
+
+    assert exit_weights([2, 4, 6], "reverse") == pytest.approx([5 / 9, 3 / 9, 1 / 9])
+    assert exit_weights([2, 4, 6], "layer") == pytest.approx([2 / 12, 4 / 12, 6 / 12])
+    with pytest.raises(ValueError, match="--exit-weighting must be one of"):
+        exit_weights([1, 2], "first")
+
+
+def test_uniform_weights_are_gradient_equilibrium_under_adam():
+    """The claim behind ``uniform`` standing for Li et al.'s (2019) gradient equilibrium (GE):
+    GE rescales the gradient at exit i's branch by 1/(L-i+1) and on the main path by
+    (L-i)/(L-i+1), so layer k receives the mean of the gradients of the exits it feeds; that
+    is the uniform weights' sum times a constant per layer, which Adam normalises away. Here a
+    4-layer network with an exit per layer, trained 30 Adam steps both ways."""
+    from acl_fairseq.criterions.multi_exit_ce import exit_weights
+
+    class Rescale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, scale):
+            ctx.scale = scale
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * ctx.scale, None
+
+    depth = 4
+
+    def run(ge: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(depth))
+        heads = torch.nn.ModuleList(torch.nn.Linear(8, 3) for _ in range(depth))
+        params = [*layers.parameters(), *heads.parameters()]
+        opt = torch.optim.Adam(params, lr=1e-2, eps=1e-12)
+        weights = exit_weights(list(range(1, depth + 1)), "uniform")
+        data = torch.Generator().manual_seed(1)
+        for _ in range(30):
+            x, y = torch.randn(16, 8, generator=data), torch.randint(0, 3, (16,), generator=data)
+            losses = []
+            for i, (layer, head) in enumerate(zip(layers, heads), start=1):
+                x = torch.tanh(layer(x))
+                if ge:
+                    losses.append(F.cross_entropy(head(Rescale.apply(x, 1 / (depth - i + 1))), y))
+                    x = Rescale.apply(x, (depth - i) / (depth - i + 1))
+                else:
+                    losses.append(F.cross_entropy(head(x), y))
+            opt.zero_grad()
+            loss = sum(losses) if ge else sum(w * li for w, li in zip(weights, losses))
+            loss.backward()
+            opt.step()
+        return [p.detach().clone() for p in params]
+
+    ge, uniform = run(True), run(False)
+    torch.manual_seed(0)  # the runs' common start: they moved away from it
+    start = [p for m in (torch.nn.Linear(8, 8),) for p in m.parameters()]
+    assert (ge[0] - start[0]).abs().max() > 0.05
+    for a, b in zip(ge, uniform):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("criterion", ["multi_exit_ce", "acl_cross_layer"])
+def test_alternate_exits_trains_the_final_exit_alone_on_odd_updates(data_dir, criterion):
+    """--alternate-exits (BERxiT): the 1st, 3rd, ... update (0-based 0, 2, ...) is the final
+    exit's CE (weight 1) and contrastive term alone, so no gradient reaches a shallow head;
+    the other updates and validation are the plain criterion's."""
+    lam, tau = 0.7, 0.25
+    flags = ["--criterion", criterion, "--exit-weighting", "uniform"]
+    flags += ["--contrastive-lambda", str(lam), "--temperature", str(tau)] * (
+        criterion == "acl_cross_layer"
+    )
+    _, model, plain = build(data_dir, flags)
+    _, _, alternating = build(data_dir, [*flags, "--alternate-exits"])
+    s = sample()
+    y = s["target"]
+    model.train()  # dropout is 0: training forwards are deterministic
+    outs = model.exit_outputs(s["net_input"]["src_tokens"])
+    for update in (0, 1, 2, 5):
+        alternating.set_num_updates(update)
+        model.zero_grad()
+        ce, con, n, log = alternating.loss_terms(model, s)
+        ce0, con0, _, log0 = plain.loss_terms(model, s)
+        assert log.keys() == log0.keys()  # every exit is still scored
+        if update % 2:
+            assert torch.equal(ce, ce0) and torch.equal(con, con0)
+            continue
+        last = outs[-1]
+        assert ce.item() == pytest.approx(F.cross_entropy(last.logits, y, reduction="sum").item())
+        if criterion == "acl_cross_layer":
+            ref = lam * naive_with_labels(last.features, last.label_embeddings, y, tau)
+            assert con.item() == pytest.approx(n * ref.item(), rel=1e-4)
+        else:
+            assert con.item() == 0.0
+        (ce + con).backward()
+        heads = model.classification_heads
+        for name in ("sentence_classification_head_exit1", "sentence_classification_head_exit2"):
+            assert all(p.grad is None for p in heads[name].parameters())
+        assert torch.count_nonzero(heads["sentence_classification_head"].out_proj.weight.grad)
+    model.eval()  # validation: every exit, whatever the update
+    alternating.set_num_updates(0)
+    ce, con, _, _ = alternating.loss_terms(model, s)
+    ce0, con0, _, _ = plain.loss_terms(model, s)
+    assert torch.equal(ce, ce0) and torch.equal(con, con0)
+
+
+def test_the_task_passes_the_update_number_to_the_criterion(data_dir):
+    """fairseq's train_step path (no ACL-Grad): update 0 trains the final exit alone."""
+    task, model, crit = build(data_dir, ["--criterion", "multi_exit_ce", "--alternate-exits"])
+
+    class Backward:
+        def backward(self, loss):
+            loss.backward()
+
+    shallow = model.classification_heads["sentence_classification_head_exit1"].out_proj.weight
+    for update, reaches_shallow in ((0, False), (1, True)):
+        model.zero_grad()
+        task.train_step(sample(), model, crit, Backward(), update)
+        assert crit.num_updates == update
+        assert (shallow.grad is not None) == reaches_shallow
 
 
 @pytest.mark.parametrize("name", ["acl_embed", "ce_scl"])

@@ -137,3 +137,27 @@ def test_self_distillation_through_fairseq_train(sentiment_data, tmp_path, crite
         assert float(r["loss"]) == pytest.approx(parts, abs=3e-3)
     if criterion == "acl_cross_layer":  # ACL-Grad's train_step ran with the term
         assert "acl_grad_angle" in train[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("criterion", ["multi_exit_ce", "acl_cross_layer"])
+def test_alternate_exits_through_fairseq_train(sentiment_data, tmp_path, criterion):
+    """--alternate-exits through the trainer (and ACL-Grad's train_step for acl_cross_layer):
+    the 1st and 3rd updates' CE is the final exit's alone, the 2nd and 4th the uniform mean."""
+    out = fairseq_train(
+        sentiment_data, tmp_path / "ck", *train_args(task=None, max_update=4),
+        "--arch", "multi_exit_roberta_tiny", "--encoder-layers", "2",
+        "--task", "acl_sentence_prediction", "--criterion", criterion, "--no-save",
+        "--exit-weighting", "uniform", "--alternate-exits", "--log-interval", "1",
+        "--log-format", "json",
+    )  # fmt: skip
+    train = json_records(out, kind="train_inner")
+    assert [int(r["num_updates"]) for r in train] == [1, 2, 3, 4]
+    gaps = []  # how far the uniform mean is from the final exit's CE, per update
+    for r in train:
+        exits = [float(r["loss_exit1"]), float(r["loss_exit2"])]
+        final_only = int(r["num_updates"]) % 2 == 1
+        expected = exits[1] if final_only else sum(exits) / 2
+        assert float(r["ce_loss"]) == pytest.approx(expected, abs=1.5e-3)  # logged to 3 places
+        gaps.append(abs(exits[0] - exits[1]) / 2)
+    assert max(gaps) > 5e-3  # the two readings are told apart on some update

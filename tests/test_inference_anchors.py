@@ -12,6 +12,7 @@ import torch
 from acl_fairseq.early_exit.policies import parse_policy
 from acl_fairseq.runtime.onnx_runtime import segment_tag
 from acl_fairseq.runtime.precision import prepare_for_inference
+from benchmarks import anchors_plot
 from benchmarks import inference_anchors as anchors
 
 from tiny_models import HEAD, build_with_task, random_batch, train_tiny, write_dicts
@@ -154,7 +155,7 @@ def test_runs_end_to_end_on_a_checkpoint(sentiment_data, tmp_path, capsys):
         str(ckpt), str(sentiment_data), "--dev", "valid", "--test", "valid",
         "--max-examples", "24", "--rounds", "1", "--batch-sizes", "1,8", "--threads", "1",
         "--dtypes", "fp32,int8", "--max-accuracy-drop", "100", "--out", str(out),
-        "--ort-cache", str(tmp_path / "onnx"),
+        "--ort-cache", str(tmp_path / "onnx"), "--plot", str(tmp_path / "trade-off.png"),
     ]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "measured on valid, policies chosen on valid (--max-accuracy-drop 100" in printed
@@ -180,3 +181,41 @@ def test_runs_end_to_end_on_a_checkpoint(sentiment_data, tmp_path, capsys):
     chosen = [r for r in rows if "chosen on valid" in r["policy"]]
     assert all(float(r["mean_exit_layer"]) == 1.0 for r in chosen)  # the 100-point target
     assert all(float(r["ms"]) > 0 and float(r["speedup"]) > 0 for r in rows)
+    # an oracle row after each of this project's full-depth rows, none for the anchors
+    oracles = [r for r in rows if r["policy"] == anchors_plot.ORACLE_POLICY]
+    assert {(r["batch"], r["system"]) for r in oracles} == {
+        (b, s) for b in ("1", "8") for s in ("fp32", "int8", anchors.ORT_PROJECT)
+    }
+    for r in oracles:
+        full = next(
+            f for f in rows
+            if (f["batch"], f["system"], f["policy"]) == (r["batch"], r["system"], "full depth")
+        )  # fmt: skip
+        layer, depth = float(r["mean_exit_layer"]), float(full["mean_exit_layer"])
+        assert 1.0 <= layer < depth and r["accuracy"] == full["accuracy"]
+        assert float(r["ms"]) == pytest.approx(float(full["ms"]) * layer / depth, rel=1e-6)
+    png = (tmp_path / "trade-off.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_oracle_rows_are_full_depth_at_the_layer_count_ideal():
+    rows = [
+        {"system": "HF fp32 (sdpa)", "policy": "full depth", "accuracy": 80.0, "ms": 10.0,
+         "speedup": 1.0, "mean_exit_layer": 6.0, "agreement": 100.0},
+        {"system": "int8", "policy": "full depth", "accuracy": 79.0, "ms": 4.0,
+         "speedup": 2.5, "mean_exit_layer": 6.0, "agreement": 98.0},
+        {"system": "int8", "policy": "entropy:0.3", "accuracy": 78.0, "ms": 2.0,
+         "speedup": 5.0, "mean_exit_layer": 3.0, "agreement": 97.0},
+    ]  # fmt: skip
+    out = anchors_plot.with_oracle_rows(rows, {"int8": 1.5, "fp32": 2.0}, depth=6)
+    assert [r["policy"] for r in out] == [
+        "full depth", "full depth", anchors_plot.ORACLE_POLICY, "entropy:0.3"
+    ]  # fmt: skip
+    oracle = out[2]
+    assert oracle["ms"] == pytest.approx(1.0) and oracle["speedup"] == pytest.approx(10.0)
+    assert (oracle["accuracy"], oracle["agreement"]) == (79.0, 98.0)
+    assert oracle["mean_exit_layer"] == 1.5
+    untimed = anchors_plot.with_oracle_rows(
+        [{**rows[1], "ms": None, "speedup": None}], {"int8": 3}, 6
+    )
+    assert untimed[1]["ms"] is None and untimed[1]["speedup"] is None

@@ -146,8 +146,8 @@ def tiny(tmp_path_factory):
 
 
 def _export(tiny) -> Callable[[Path, int], None]:
-    from acl_fairseq.hf_bert.export import export_model
     from acl_fairseq.data.tokenizer.hf_json import Framing
+    from acl_fairseq.hf_bert.export import export_model
 
     model, task, config = tiny
 

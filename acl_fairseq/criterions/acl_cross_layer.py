@@ -137,24 +137,25 @@ class AclCrossLayerCriterion(MultiExitCeCriterion):
             )
 
     def contrastive_terms(self, model, sample, outputs, targets: Tensor) -> list[Tensor]:
-        teacher = self.teacher_output(model, sample, outputs)
-        terms = []
-        for o in outputs[:-1]:
-            terms.append(
-                self.cross_layer_lambda
-                * cross_layer_loss(
-                    o.features,
-                    o.label_embeddings,
-                    teacher.features,
-                    teacher.label_embeddings,
-                    targets,
-                    self.temperature,
-                )
-            )
-        terms.append(
-            self.contrastive_lambda
-            * acl_embed_loss(
-                outputs[-1].features, targets, outputs[-1].label_embeddings, self.temperature
-            )
+        """ACL-CL per shallow exit of ``outputs`` and ACL-Embed on its last; with the final
+        exit alone (``--alternate-exits``) no teacher runs."""
+        last = outputs[-1]
+        final_term = self.contrastive_lambda * acl_embed_loss(
+            last.features, targets, last.label_embeddings, self.temperature
         )
-        return terms
+        if len(outputs) == 1:
+            return [final_term]
+        teacher = self.teacher_output(model, sample, outputs)
+        terms = [
+            self.cross_layer_lambda
+            * cross_layer_loss(
+                o.features,
+                o.label_embeddings,
+                teacher.features,
+                teacher.label_embeddings,
+                targets,
+                self.temperature,
+            )
+            for o in outputs[:-1]
+        ]
+        return [*terms, final_term]

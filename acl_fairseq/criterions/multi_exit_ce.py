@@ -1,7 +1,10 @@
 """``--criterion multi_exit_ce``: joint weighted CE over every exit (the multi-exit baseline).
 
 ``loss = sum_l w_l * CE_l`` with ``w_l = l / sum(l)`` over the exit layers (PABEE's
-``sum(i * CE_i) / sum(i)``) or uniform weights. Logs ``accuracy`` of the final exit (so
+``sum(i * CE_i) / sum(i)``), uniform weights, or PABEE's mirror (``reverse``: the first exit
+weighs most). Uniform weights are also Li et al.'s (2019) gradient equilibrium under Adam:
+equilibrium rescales the gradient reaching each layer by a constant, which Adam's
+per-parameter normalisation cancels (docs/usage.md). Logs ``accuracy`` of the final exit (so
 ``--best-checkpoint-metric accuracy`` keeps meaning the full model) and ``accuracy_exit{l}`` /
 ``loss_exit{l}`` of every exit, in training and in validation, so ``fairseq-validate`` prints
 the layer-score curve in one pass.
@@ -9,6 +12,11 @@ the layer-score curve in one pass.
 ``--self-distill-weight W`` (here and in ``acl_cross_layer``) adds FastBERT's
 self-distillation from the final exit to each shallow exit, logged as ``self_distill_loss``;
 it is an auxiliary term beside the contrastive ones (ACL-Grad may drop it, never CE).
+
+``--alternate-exits`` is BERxiT's alternating fine-tuning (Xin et al. 2021): the 1st, 3rd, 5th
+... update trains the final exit alone (its CE and, in ``acl_cross_layer``, its ACL-Embed
+term: stage 1's objective), the others every exit as above; the task passes the update number
+(:meth:`MultiExitCeCriterion.set_num_updates`). Validation always scores every exit.
 """
 
 import math
@@ -31,7 +39,7 @@ from ..errors import AclValueError
 from .base import LossTerms, LossTermsCriterion
 from .losses import self_distillation_loss
 
-EXIT_WEIGHTING = ChoiceEnum(["layer", "uniform"])
+EXIT_WEIGHTING = ChoiceEnum(["layer", "uniform", "reverse"])
 
 
 @dataclass
@@ -40,7 +48,16 @@ class MultiExitCeConfig(SentencePredictionConfig):
         default="layer",
         metadata={
             "help": "weights of the exits' losses: 'layer' (w_l proportional to the layer "
-            "index, PABEE) or 'uniform'; normalised to sum to 1"
+            "index, PABEE), 'uniform' (also gradient equilibrium under Adam), or 'reverse' (w_l "
+            "proportional to last layer + 1 - l: the first exit weighs most); normalised to sum "
+            "to 1"
+        },
+    )
+    alternate_exits: bool = field(
+        default=False,
+        metadata={
+            "help": "BERxiT's alternating fine-tuning: the 1st, 3rd, ... update trains the final "
+            "exit only (its CE and contrastive term), the others every exit"
         },
     )
     self_distill_weight: float = field(
@@ -57,10 +74,26 @@ class MultiExitCeConfig(SentencePredictionConfig):
 
 
 def exit_weights(layers: list[int], weighting: str) -> list[float]:
-    """Normalised loss weight of each exit layer."""
-    raw = [float(layer) for layer in layers] if weighting == "layer" else [1.0] * len(layers)
+    """Normalised loss weight of each exit layer (``layers`` ascending): ``layer`` ~ l,
+    ``uniform`` ~ 1, ``reverse`` ~ last + 1 - l."""
+    if weighting == "layer":
+        raw = [float(layer) for layer in layers]
+    elif weighting == "uniform":
+        raw = [1.0] * len(layers)
+    elif weighting == "reverse":
+        raw = [float(layers[-1] + 1 - layer) for layer in layers]
+    else:
+        raise AclValueError(
+            f"--exit-weighting must be one of layer, uniform, reverse; got {weighting!r}"
+        )
     total = sum(raw)
     return [w / total for w in raw]
+
+
+def final_only_update(num_updates: int) -> bool:
+    """``--alternate-exits``: whether the update numbered ``num_updates`` (0-based, as the
+    trainer counts) trains the final exit alone: BERxiT's odd iterations (the 1st, 3rd, ...)."""
+    return num_updates % 2 == 0
 
 
 @register_criterion("multi_exit_ce", dataclass=MultiExitCeConfig)
@@ -74,6 +107,16 @@ class MultiExitCeCriterion(LossTermsCriterion):
         self.exit_weighting = cfg.exit_weighting
         self.self_distill_weight = float(cfg.self_distill_weight)
         self.self_distill_temperature = float(cfg.self_distill_temperature)
+        self.alternate_exits = bool(getattr(cfg, "alternate_exits", False))
+        self.num_updates = 0
+
+    def set_num_updates(self, num_updates: int) -> None:
+        """The update about to be trained (the task's ``train_step`` passes it)."""
+        self.num_updates = int(num_updates)
+
+    def trains_final_only(self, model: nn.Module) -> bool:
+        """Whether this forward trains the final exit alone (``--alternate-exits``)."""
+        return self.alternate_exits and model.training and final_only_update(self.num_updates)
 
     def check_model(self, model: nn.Module) -> None:
         """Raises ValueError unless ``model`` has exits (called by the task at set-up)."""
@@ -124,19 +167,21 @@ class MultiExitCeCriterion(LossTermsCriterion):
         final_logits = outputs[-1].logits
         targets = model.get_targets(sample, [final_logits]).view(-1)
         sample_size = targets.numel()
-        weights = exit_weights([o.layer for o in outputs], self.exit_weighting)
+        # the exits this update trains: every one, or the final one (--alternate-exits)
+        trained = outputs[-1:] if self.trains_final_only(model) else outputs
+        weights = exit_weights([o.layer for o in trained], self.exit_weighting)
         ce_per_exit = [
             F.nll_loss(F.log_softmax(o.logits, -1, dtype=torch.float32), targets, reduction="sum")
             for o in outputs
         ]
-        ce_loss = sum(w * ce for w, ce in zip(weights, ce_per_exit))
+        ce_loss = sum(w * ce for w, ce in zip(weights, ce_per_exit[-len(trained) :]))
         with full_precision(final_logits):
-            contrastive = self.contrastive_terms(model, sample, outputs, targets)
-            distill_loss = self.self_distill_term(outputs)
+            contrastive = self.contrastive_terms(model, sample, trained, targets)
+            distill_loss = self.self_distill_term(trained)
         if contrastive is None:
             contrastive_loss = final_logits.sum() * 0.0
         else:
-            c_weights = self.contrastive_weights([o.layer for o in outputs])
+            c_weights = self.contrastive_weights([o.layer for o in trained])
             contrastive_loss = sample_size * sum(w * c for w, c in zip(c_weights, contrastive))
         logging_output = self.terms_logging_output(
             model, sample, ce_loss, contrastive_loss, final_logits, targets

@@ -36,11 +36,11 @@ __all__ = [
 ]
 
 METHODS = ("ce", "ce_scl", "acl", "multi_exit_joint", "acl_cl")
-ABLATIONS = ("ce_scl_grad", "acl_embed", "joint_from_acl")
+ABLATIONS = ("ce_scl_grad", "acl_embed", "joint_from_acl", "joint_from_start")
 """The study's ablations: CE+SCL gated by ACL-Grad (``--acl-grad``), ACL-Embed without
-ACL-Grad (``--no-acl-grad``), and joint CE stage 2 restored from the ACL run (the same start as
-ACL-CL)."""
-MULTI_EXIT_METHODS = ("multi_exit_joint", "joint_from_acl", "acl_cl")
+ACL-Grad (``--no-acl-grad``), joint CE stage 2 restored from the ACL run (the same start as
+ACL-CL), and joint CE over every exit from the pretrained model (no stage 1)."""
+MULTI_EXIT_METHODS = ("multi_exit_joint", "joint_from_acl", "joint_from_start", "acl_cl")
 CONTRASTIVE_METHODS = ("ce_scl", "ce_scl_grad", "acl", "acl_embed", "acl_cl")
 STAGE1 = {"multi_exit_joint": "ce", "joint_from_acl": "acl", "acl_cl": "acl"}
 """The single-exit method whose best checkpoint a multi-exit method's stage 2 restores."""
@@ -52,6 +52,7 @@ CRITERIA = {
     "acl_embed": "acl_embed",
     "multi_exit_joint": "multi_exit_ce",
     "joint_from_acl": "multi_exit_ce",
+    "joint_from_start": "multi_exit_ce",
     "acl_cl": "acl_cross_layer",
 }
 MULTI_EXIT_ARCH = {

@@ -63,6 +63,8 @@ class AclSentencePredictionTask(SentencePredictionTask):
     ):
         model.train()
         model.set_num_updates(update_num)
+        if hasattr(criterion, "set_num_updates"):  # a criterion scheduled by update (BERxiT's)
+            criterion.set_num_updates(update_num)
         if isinstance(criterion, AclGradCriterion) and criterion.acl_grad is not None:
             return self.acl_grad.train_step(
                 sample, model, criterion, optimizer, update_num, ignore_grad

@@ -22,6 +22,9 @@ the main comparison, run by default, is ce, ce_scl, acl, multi_exit_joint and ac
                     (``--criterion multi_exit_ce``)
   joint_from_acl    the same joint CE stage 2, restored from the acl run's best checkpoint:
                     the same start as acl_cl
+  joint_from_start  joint CE over every exit from the pretrained model (--restore-file), no
+                    stage 1: the exits trained together from the start; --epochs and
+                    --extra's --patience apply, as to a stage-1 run
   acl_cl            stage 2 of ACL: the multi-exit model restored from the acl run's best
                     checkpoint (same seed), ``--criterion acl_cross_layer``
 
@@ -169,8 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--exit-weighting",
-        choices=("layer", "uniform"),
-        help="weights of the exits' CE terms of both multi-exit methods (default: the "
+        choices=("layer", "uniform", "reverse"),
+        help="weights of the exits' CE terms of the multi-exit methods (default: the "
         "criterions' own, layer)",
     )
     p.add_argument(
@@ -201,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="more fairseq-train flags for every run, after the others (so they override them); "
         "one string: --extra '--update-freq 2 --fp16' or --extra=--fp16",
+    )
+    p.add_argument(
+        "--stage2-extra",
+        default="",
+        help="more fairseq-train flags for the stage-2 runs only, after --extra; one string: "
+        "--stage2-extra=--alternate-exits",
     )
     p.add_argument("--cpu", action="store_true", help="train on CPU (default when no CUDA)")
     p.add_argument("--force", action="store_true", help="re-run runs that are done")
@@ -242,6 +251,7 @@ def compare(opts: argparse.Namespace) -> int:
         raise AclValueError("give the model flags: --arch-args-file FILE or --arch-args '...'")
     opts.arch_args = read_arch_args(opts.arch_args_file, opts.arch_args)
     opts.extra_args = shlex.split(opts.extra)
+    opts.stage2_extra_args = shlex.split(opts.stage2_extra)
     if opts.restore_file.lower() != "none" and not Path(opts.restore_file).exists():
         raise AclFileNotFoundError(f"--restore-file {opts.restore_file}: no such file")
     multi_exit_arch(opts.arch_args)  # an --arch without a multi-exit variant stops here

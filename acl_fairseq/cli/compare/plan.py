@@ -24,8 +24,8 @@ from acl_fairseq.experiment.results import SWEEP_METHODS
 # every method compare runs, in training order (a stage-1 method before the stage-2 methods
 # restoring it); by default the main comparison, METHODS
 COMPARE_METHODS = (
-    "ce", "ce_scl", "ce_scl_grad", "acl", "acl_embed", "multi_exit_joint", "joint_from_acl",
-    "acl_cl",
+    "ce", "ce_scl", "ce_scl_grad", "acl", "acl_embed", "joint_from_start", "multi_exit_joint",
+    "joint_from_acl", "acl_cl",
 )  # fmt: skip
 assert set(COMPARE_METHODS) == {*METHODS, *ABLATIONS}
 CE_SCL_ANGLE_THRESHOLD = 180.0  # the angle never exceeds 180 degrees: nothing is dropped
@@ -49,6 +49,12 @@ class Run:
     @property
     def multi_exit(self) -> bool:
         return self.method in MULTI_EXIT_METHODS
+
+    @property
+    def stage2(self) -> bool:
+        """Whether the run restores a stage-1 run (a multi-exit method other than
+        ``joint_from_start``, which trains every exit from the pretrained model)."""
+        return self.method in STAGE1
 
     @property
     def stage1(self) -> Run | None:
@@ -122,17 +128,20 @@ def read_arch_args(file: str | None, text: str | None) -> list[str]:
 
 
 def run_epochs(run: Run | None, opts: argparse.Namespace) -> int:
-    """Epochs of a run: ``--stage2-epochs`` for the multi-exit (stage-2) runs, else ``--epochs``."""
-    if run is not None and run.multi_exit and opts.stage2_epochs:
+    """Epochs of a run: ``--stage2-epochs`` for the stage-2 runs, else ``--epochs``."""
+    if run is not None and run.stage2 and opts.stage2_epochs:
         return opts.stage2_epochs
     return opts.epochs
 
 
 def run_extra_args(run: Run, opts: argparse.Namespace) -> list[str]:
-    """``--extra`` of a run; stage-2 runs with ``--stage2-epochs`` drop ``--patience``
-    (a fixed budget, equal for both multi-exit methods)."""
+    """``--extra`` of a run, then ``--stage2-extra`` for a stage-2 run; stage-2 runs with
+    ``--stage2-epochs`` drop ``--patience`` (a fixed budget, equal for both multi-exit
+    methods)."""
     args = list(opts.extra_args)
-    if run.multi_exit and opts.stage2_epochs:
+    if run.stage2:
+        args += list(getattr(opts, "stage2_extra_args", []))
+    if run.stage2 and opts.stage2_epochs:
         while "--patience" in args:
             i = args.index("--patience")
             del args[i : i + 2]

@@ -53,7 +53,7 @@ def method_flags(run: Run, opts: argparse.Namespace) -> list[str]:
     if run.method == "acl_embed":  # ACL without its gate
         return criterion_flags("acl_embed", lam, temperature, acl_grad=False)
     exits = {"exit_layers": opts.exit_layers or None, "exit_weighting": opts.exit_weighting}
-    if run.method in ("multi_exit_joint", "joint_from_acl"):
+    if run.method in ("multi_exit_joint", "joint_from_acl", "joint_from_start"):
         return criterion_flags(run.method, **exits)
     if run.method != "acl_cl":
         return criterion_flags(run.method, lam, temperature, acl_grad_threshold=threshold)
