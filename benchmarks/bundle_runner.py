@@ -29,6 +29,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -68,18 +69,23 @@ def closure(names: tuple[str, ...]) -> tuple[dict[str, int], list[str]]:
 def first_line(cmd: list[str], stdin: str, env: dict[str, str]) -> tuple[float, float]:
     """``(seconds to the first stdout line, CPU seconds of the process)`` of ``cmd``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=env,
-    )  # fmt: skip
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(stdin)
-    proc.stdin.close()
-    line = proc.stdout.readline()
-    seconds = time.perf_counter() - start
-    _, err = proc.communicate()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # stderr to a file: a full stderr pipe would block the child before its first line.
+    with tempfile.TemporaryFile("w+") as log:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+        line = proc.stdout.readline()
+        seconds = time.perf_counter() - start
+        proc.stdout.read()
+        proc.stdout.close()
+        proc.wait()
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        log.seek(0)
+        err = log.read()
     if proc.returncode or not line:
         raise SystemExit(f"{' '.join(cmd)} failed: {err[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
