@@ -258,4 +258,5 @@ def test_the_documented_commands_run_as_written(world):
     assert "'label': 'pos'" in classify or "'label': 'neg'" in classify
     assert "policy: " in bundle and "early-exit-runner: 3 sentences" in bundle  # sentences.txt
     assert (work / "bundle" / "bundle.json").is_file()
+    assert str(work) not in (work / "bundle" / "bundle.json").read_text()  # no machine path
     assert "Prediction(label=" in bundled

@@ -188,7 +188,9 @@ def _fields(
         "segment_tag": segment_tag(plan.dtype),
         "weight_bits": weight_bits() if plan.dtype == "int8" else 32,
         "policy": plan.policy.spec if plan.policy is not None else None,
-        "why": plan.why,
+        "why": plan.why.replace(str(Path(checkpoint).resolve().parent) + os.sep, "").replace(
+            str(Path(checkpoint).parent) + os.sep, ""
+        ),  # the policy file's name, not the folder it was read from on this machine
         "rule": rule,
         "segments": segments,
         "num_layers": num_layers,
