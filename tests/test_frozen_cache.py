@@ -20,6 +20,7 @@ from fairseq_helpers import (
     rank_output,
     train_args,
 )
+from tiny_models import write_dicts
 
 NUM_CLASSES = 3
 PAD = 1
@@ -27,12 +28,7 @@ PAD = 1
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    (root / "input0").mkdir()
-    (root / "label").mkdir()
-    (root / "input0" / "dict.txt").write_text("".join(f"w{i} {100 - i}\n" for i in range(30)))
-    (root / "label" / "dict.txt").write_text("".join(f"{c} 1\n" for c in range(NUM_CLASSES)))
-    return root
+    return write_dicts(tmp_path_factory.mktemp("data"), 30, NUM_CLASSES)
 
 
 def build(data_dir, *flags: str, dropout: str = "0"):
