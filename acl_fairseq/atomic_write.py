@@ -33,6 +33,7 @@ from .errors import AclOSError
 
 __all__ = [
     "TMP_SUFFIX",
+    "check_writable",
     "describe_failure",
     "failure_reason",
     "file_system_error",
@@ -118,6 +119,23 @@ def _size(n: float) -> str:
 def failure_reason(error: OSError) -> str:
     """Why the file system refused a write, in a few words (``no space left on the disk``)."""
     return _DISK.get(error.errno or 0, error.strerror or str(error))
+
+
+def check_writable(path: str | Path, what: str, fix: str) -> None:
+    """Before the work that ends by writing ``path``: a file can be made in its folder (a
+    probe, removed at once), else one ``AclOSError`` line, ``WHAT PATH: cannot write there
+    (why): FIX``. Read-only mounts and full disks are found as they are (root ignores modes)."""
+    folder = Path(path).parent
+    probe = folder / f".{Path(path).name}.probe-{os.getpid()}{TMP_SUFFIX}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0")
+        probe.unlink()
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+        why = failure_reason(e)
+        raise AclOSError(f"{what} {path}: cannot write there ({why}): {fix}") from None
 
 
 def describe_failure(path: str | Path, error: OSError, existed: bool, intact: str = "") -> str:

@@ -455,3 +455,21 @@ def test_sweep_target_flag_errors(tmp_path: Path, capsys) -> None:
             sweep_main([str(ckpt), str(data), *flags])
         assert e.value.code == 2
         assert message in capsys.readouterr().err, flags
+
+
+def test_a_policy_or_table_that_cannot_be_written_stops_before_the_sweep(tmp_path, capsys):
+    """The policy goes next to the checkpoint, the table to --out: a folder that takes no
+    file (here a regular file in the way) stops the sweep in one line before the model loads
+    (it said so only after sweeping)."""
+    data = _data_dir(tmp_path / "data", ("valid",))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    ckpt = tmp_path / "ckpt.pt"
+    ckpt.write_bytes(b"not loaded")  # loading it would fail later, with another message
+    code = sweep_main([str(ckpt), str(data), "--out", str(blocker / "table.tsv")])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"acl-fairseq-sweep: error: --out {blocker / 'table.tsv'}: cannot write there (a file "
+        "is in the way of its folder): give --out a file in a folder you may write to\n"
+    )
+    assert not list(tmp_path.glob(".*probe*")) and blocker.read_text() == "x"

@@ -147,7 +147,7 @@ def test_an_out_that_is_a_file_is_one_line(tmp_path, capsys):
     assert out.read_text() == "notes\n"
 
 
-def test_texts_longer_than_the_model_stop_before_any_training(tmp_path, fake, capsys):
+def test_texts_longer_than_the_model_stop_before_any_training(tmp_path, fake, capsys, caplog):
     """A test text longer than the model's 64 positions: the draw stops before its first run
     (it trained, then failed with the cause deep in the log), naming --shorten-method."""
     tsv, test = tmp_path / "reviews.tsv", tmp_path / "test.tsv"
@@ -165,6 +165,8 @@ def test_texts_longer_than_the_model_stop_before_any_training(tmp_path, fake, ca
         err,
     ), err
     assert fake.calls == []
+    # no warning before it about acl-fairseq-prepare's --max-tokens, a flag this tool lacks
+    assert not [r for r in caplog.records if "--max-tokens" in r.getMessage()]
     truncate = ["--extra", "--shorten-method truncate", "--out", tmp_path / "cut"]
     assert run_tool(*argv, *truncate) == 0
     assert len(fake.calls) == 4  # 2 draws x 2 learning rates

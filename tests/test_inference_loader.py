@@ -194,6 +194,13 @@ def test_hub_names_empty_and_wrong_tokens(tiny_checkpoint, tiny_built):
                 call(HEAD, empty)
     with pytest.raises(ValueError, match="^tokens must be fairseq ids, .* not str"):
         hub.predict_early_exit(HEAD, "a text")
+    size = len(task.source_dictionary)
+    for outside in ([0, size, 2], [0, -3, 2], torch.tensor([[0, 5, 2], [0, size + 7, 2]])):
+        with pytest.raises(ValueError, match=r"^tokens holds id -?\d+, outside the dictionary"):
+            hub.predict_early_exit(HEAD, outside)
+    for fractional in ([0, 5.5, 2], torch.tensor([0.0, 5.0, 2.0]), torch.tensor([True, False])):
+        with pytest.raises(ValueError, match=r"^tokens must be whole-number fairseq ids"):
+            hub.predict_early_exit(HEAD, fractional)
     tokens, _ = tiny_batch(task, [5])
     as_list = hub.predict_early_exit(HEAD, tokens[0].tolist(), "none")
     assert torch.equal(as_list.logits, hub.predict_early_exit(HEAD, tokens, "none").logits)

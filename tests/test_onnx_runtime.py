@@ -153,7 +153,10 @@ def test_never_exits_runs_one_full_depth_session(tiny_built, tmp_path):
         runner.prepare(PatiencePolicy(5))
     result = assert_same(runner, model, tokens, PatiencePolicy(5))
     assert result.exit_layers.tolist() == [4] * len(LENGTHS)
-    assert [p.name for p in runner.folder.iterdir()] == ["layers1-4.fp32.onnx"]
+    assert sorted(p.name for p in runner.folder.iterdir()) == [
+        "layers1-4.fp32.onnx",
+        "layers1-4.fp32.onnx.sha256",  # its checksum, written at export
+    ]
 
 
 def test_a_single_unpadded_row_needs_no_row_bookkeeping(ort, monkeypatch):
@@ -359,6 +362,27 @@ def test_a_damaged_cached_segment_is_exported_again(tiny_built, tmp_path, caplog
     int8 = OrtEarlyExit(model, HEAD, tmp_path, "int8", threads=1)
     int8.early_exit(tokens, policy)  # quantizes layers 2-3 from a fresh fp32 export
     assert empty.stat().st_size > 0
+
+
+def test_another_segments_file_in_the_cache_is_exported_again(tiny_built, tmp_path, caplog):
+    """A valid ONNX file under another segment's name (a copy over it) ran silently and
+    changed the predictions; its checksum, written beside it at export, now says so."""
+    model, task, _ = tiny_built
+    tokens, _ = tiny_batch(task, LENGTHS)
+    policy = "per_exit_entropy:1=0.3,2=0.4,3=0.5"
+    want = OrtEarlyExit(model, HEAD, tmp_path, threads=1).early_exit(tokens, policy)
+    runner = OrtEarlyExit(model, HEAD, tmp_path, threads=1)
+    middle, next_one = runner.folder / "layers2-2.fp32.onnx", runner.folder / "layers3-3.fp32.onnx"
+    assert (runner.folder / "layers2-2.fp32.onnx.sha256").is_file()
+    next_one.write_bytes(middle.read_bytes())  # the same inputs and outputs, other weights
+    with caplog.at_level("WARNING"):
+        got = runner.early_exit(tokens, policy)
+    assert torch.equal(got.logits, want.logits) and torch.equal(got.exit_layers, want.exit_layers)
+    assert (
+        f"{next_one}: the cached ONNX segment could not be loaded (not the file exported here: "
+        "its checksum differs): exported again"
+    ) in caplog.text
+    assert next_one.read_bytes() != middle.read_bytes()
 
 
 def test_a_segment_that_never_loads_names_the_command_that_clears_it(tiny_built, tmp_path,

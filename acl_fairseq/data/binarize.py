@@ -70,7 +70,7 @@ class Options:
     spm_vocab_size: int = 8000
     spm_character_coverage: float = 1.0
     workers: int = 1
-    max_tokens: int = 512
+    max_tokens: int | None = 512  # None: no length warning (the caller checks lengths)
     skip_bad_rows: bool = False
     keep_intermediate: bool = False
     preprocess_subprocess: bool = False
@@ -217,7 +217,7 @@ def _prepare_task(
         specials = 2 if task.num_inputs == 1 else 4  # <s> a </s> (</s> b </s>)
         for row in zip(*split_lengths):
             total += 1
-            too_long += sum(row) + specials > opts.max_tokens
+            too_long += opts.max_tokens is not None and sum(row) + specials > opts.max_tokens
             empty += any(n == 0 for n in row)
         if split.labels is not None and not task.regression:
             _write_lines(tok_dir / f"{split.name}.label", split.labels)

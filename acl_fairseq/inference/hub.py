@@ -123,7 +123,7 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
         model's device; ``AclValueError`` naming the fix for no ids or something else."""
         if not isinstance(tokens, Tensor):
             try:
-                tokens = torch.as_tensor(tokens, dtype=torch.long)
+                tokens = torch.as_tensor(tokens)  # its own dtype: 5.5 is not cut to 5
             except (TypeError, ValueError, RuntimeError):
                 raise AclValueError(
                     f"tokens must be fairseq ids, a T or B x T tensor (hub.encode(text) makes "
@@ -141,6 +141,18 @@ class MultiExitRobertaHubInterface(RobertaHubInterface):
         if tokens.size(-1) > self.model.max_positions():
             raise ValueError(
                 f"tokens exceeds maximum length: {tokens.size(-1)} > {self.model.max_positions()}"
+            )
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+            raise AclValueError(
+                f"tokens must be whole-number fairseq ids (torch.long), not {tokens.dtype}: "
+                "hub.encode(text) makes them"
+            )
+        size = len(self.task.source_dictionary)
+        outside = tokens[(tokens < 0) | (tokens >= size)]
+        if outside.numel():
+            raise AclValueError(
+                f"tokens holds id {int(outside[0])}, outside the dictionary's 0..{size - 1}: "
+                "these are not this model's ids; hub.encode(text) makes them"
             )
         return tokens.long().to(device=self.device)
 

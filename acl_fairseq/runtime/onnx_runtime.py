@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..atomic_write import describe_failure, write_with
+from ..atomic_write import describe_failure, write_text, write_with
 from ..checkpoint.fingerprint import model_fingerprint
 from ..cpu_features import has_vnni
 from ..early_exit.policies import ExitPolicy, as_policy
@@ -79,8 +79,10 @@ BACKENDS = ("fairseq", "onnxruntime")
 ONNX_CACHE = "onnx_runtime"
 """The tools' default cache of exported segments, a folder next to the checkpoint."""
 OPSET = 17
-FORMAT = 1
-"""The segments' graph format: cached files of another format are not reused."""
+FORMAT = 2
+"""The segments' graph format: cached files of another format are not reused (2: each file has
+its checksum beside it, ``NAME.sha256``)."""
+CHECKSUM = ".sha256"
 
 
 class OnnxRuntimeMissing(AclFairseqError, ImportError):
@@ -219,6 +221,23 @@ def export_segment(model: Any, head: nn.Module, first: int, last: int, path: Pat
     export_onnx(segment, (x, mask), path, ["x", "padding_mask"], outputs, axes)
 
 
+def _checksum(path: Path) -> str:
+    """sha256 of the file ``path`` (a cached segment)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _recorded_checksum(path: Path) -> str | None:
+    """The checksum written beside ``path`` when it was exported; None if there is none."""
+    try:
+        return path.with_name(path.name + CHECKSUM).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 class ExitLogits(NamedTuple):
     """One exit's logits (``exit_outputs``; what ``thresholds.collect_exits`` reads)."""
 
@@ -285,7 +304,10 @@ class OrtEarlyExit:
         dtype = dtype or self.dtype
         path = self.folder / f"layers{first}-{last}.{segment_tag(dtype)}.onnx"
         if path.is_file():
-            return path
+            if _checksum(path) == _recorded_checksum(path):
+                return path
+            # a file that is not the one exported here (cut, overwritten, another segment's)
+            self._reexport(path, ValueError("not the file exported here: its checksum differs"))
         check_cache_folder(self.folder)
         source = self.segment_file(first, last, "fp32") if dtype == "int8" else None
 
@@ -305,6 +327,7 @@ class OrtEarlyExit:
             self._reexport(source, e)  # a damaged cached fp32 file: made again, then quantized
             self.segment_file(first, last, "fp32")
             write_with(path, write)
+        write_text(path.with_name(path.name + CHECKSUM), _checksum(path) + "\n")
         return path
 
     @staticmethod

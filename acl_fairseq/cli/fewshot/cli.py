@@ -324,8 +324,10 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> str:
         print(f"--force: deleted the draws, data and runs in {out}", flush=True)
     record.check_and_record(out, args, argv, record.grid_of(args), build_parser().parse_args,
                             PROG)  # fmt: skip
+    # max_tokens: no length warning from the binarizing; each draw is checked against the
+    # model's positions below, with the fix this command takes
     opts = Options(out_dir=out / "data", tokenizer=config, srcdict=srcdict, workers=args.workers,
-                   spm_vocab_size=args.spm_vocab_size,
+                   spm_vocab_size=args.spm_vocab_size, max_tokens=None,
                    spm_character_coverage=args.spm_character_coverage)  # fmt: skip
     positions = fewshot.model_positions(model, fewshot.protocol_extra(args.extra))
     results = []

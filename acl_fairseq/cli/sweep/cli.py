@@ -77,6 +77,7 @@ from typing import Any
 
 import torch
 
+from acl_fairseq.atomic_write import check_writable
 from acl_fairseq.cli import HelpFormatter
 from acl_fairseq.cli.sweep.checks import (
     DEFAULT_DROPS,
@@ -97,7 +98,7 @@ from acl_fairseq.early_exit.thresholds import TargetError
 from acl_fairseq.errors import run_tool
 from acl_fairseq.inference import deploy
 from acl_fairseq.inference.loader import load_for_inference
-from acl_fairseq.inference.saved_policy import FINGERPRINT, read_policy
+from acl_fairseq.inference.saved_policy import FINGERPRINT, policy_path, read_policy
 from acl_fairseq.models.heads import DEFAULT_HEAD
 from acl_fairseq.runtime.onnx_runtime import (
     BACKENDS,
@@ -305,6 +306,12 @@ def _sweep_main(argv: Sequence[str] | None) -> int:
         parser.error(str(e))
     if not Path(args.checkpoint).is_file():
         parser.error(f"--checkpoint {args.checkpoint}: no such file")
+    if target is not None:  # before the sweep: where the chosen policy goes
+        check_writable(policy_path(args.checkpoint), "the policy file",
+                       "the policy is saved next to the checkpoint: copy the checkpoint to a "
+                       "folder you may write to and sweep that copy")  # fmt: skip
+    if args.out is not None:
+        check_writable(args.out, "--out", "give --out a file in a folder you may write to")
     device = torch.device("cuda" if use_cuda else "cpu")
     loaded = load_for_inference(
         args.checkpoint, args.data, device, multi_exit=True, fingerprint=target is not None or ort
