@@ -122,10 +122,13 @@ def failure_reason(error: OSError) -> str:
 
 
 def check_writable(path: str | Path, what: str, fix: str) -> None:
-    """Before the work that ends by writing ``path``: a file can be made in its folder (a
-    probe, removed at once), else one ``AclOSError`` line, ``WHAT PATH: cannot write there
-    (why): FIX``. Read-only mounts and full disks are found as they are (root ignores modes)."""
-    folder = Path(path).parent
+    """Before the work that ends by writing ``path``: a file can be made in its folder, or in
+    the nearest existing folder above it (a probe, removed at once); else one ``AclOSError``
+    line, ``WHAT PATH: cannot write there (why): FIX``. Read-only mounts and full disks are
+    found as they are (root ignores modes)."""
+    folder = Path(path).absolute().parent
+    while not folder.exists() and folder != folder.parent:  # folders the writer will make
+        folder = folder.parent
     probe = folder / f".{Path(path).name}.probe-{os.getpid()}{TMP_SUFFIX}"
     try:
         with open(probe, "wb") as f:
