@@ -45,6 +45,14 @@ class _Recording(io.RawIOBase):
         super().__init__()
         self.f, self.error = f, None
 
+    @property
+    def name(self) -> str:
+        """The file's name, as ``open`` gives it (what a caller of ``torch.save`` may read)."""
+        return self.f.name
+
+    def fileno(self) -> int:
+        return self.f.fileno()
+
     def writable(self) -> bool:
         return True
 
