@@ -321,7 +321,7 @@ def report_deployable(
 ) -> str:
     """Steps 6 and 7: the precision and policy chosen on dev, then that choice on test
     against fp32 at full depth (``deploy``); returns what it printed. ``clock``: a lap each."""
-    dtypes = ",".join(deploy.DTYPES)
+    dtypes = ",".join(deploy.deploy_dtypes())
     step(
         f"6/{STEPS} choose a precision and an early-exit policy on dev: acl-fairseq-sweep "
         f"--split valid --dtypes {dtypes} --max-accuracy-drop {args.max_accuracy_drop:g}"

@@ -3,9 +3,10 @@
 ``acl-fairseq-predict`` (which reads the saved choice).
 
 1. ``choose_on_dev``: ``acl-fairseq-sweep CKPT DATA --split valid --dtypes int8,bf16,fp32
-   --max-accuracy-drop D`` (no timing: the choice needs one pass per precision) writes
-   ``early_exit_policy.json`` next to the checkpoint, every precision's policy, the first
-   precision (int8) as the default that predict runs.
+   --max-accuracy-drop D`` (bf16 only on a CPU with bfloat16 instructions; no timing: the
+   choice needs one pass per precision) writes ``early_exit_policy.json`` next to the
+   checkpoint, every precision's policy, the first precision (int8) as the default that
+   predict runs.
 2. ``measure_on_test``: the same sweep on test with each precision's chosen threshold: untimed
    over the whole split (accuracy, layers used), then timed at batch 32 and 1 over the first
    sentences, every precision's full depth and policies in the same interleaved rounds
@@ -20,6 +21,7 @@ import csv
 import sys
 from pathlib import Path
 
+from acl_fairseq.cpu_features import has_native_bf16
 from acl_fairseq.early_exit.policies import ExitPolicy
 from acl_fairseq.errors import AclRuntimeError
 from acl_fairseq.experiment import commands
@@ -29,6 +31,7 @@ from acl_fairseq.inference.saved_policy import SavedPolicy, policy_path, read_po
 __all__ = [
     "BATCH_SIZES",
     "DTYPES",
+    "deploy_dtypes",
     "POLICY_KIND",
     "choose_on_dev",
     "deploy_table",
@@ -45,6 +48,12 @@ TIMED_ROUNDS = 3
 
 Rows = dict[tuple[str, int, str, str], dict[str, str]]
 """Sweep TSV rows by (dtype, batch size, policy kind or "none", threshold as written)."""
+
+
+def deploy_dtypes() -> tuple[str, ...]:
+    """The precisions the demo chooses among: ``DTYPES``, less bf16 on a CPU without bfloat16
+    instructions (emulated there: many times slower than fp32, never a deployment's choice)."""
+    return DTYPES if has_native_bf16() else tuple(d for d in DTYPES if d != "bf16")
 
 
 def sweep_command(checkpoint: Path, data: Path, *flags: str) -> list[str]:
@@ -72,7 +81,7 @@ def choose_on_dev(
     saved_file.unlink(missing_ok=True)  # a failed sweep must not leave an older choice
     cmd = sweep_command(
         checkpoint, data, "--split", "valid", "--policy", POLICY_KIND,
-        "--dtypes", ",".join(DTYPES), "--max-accuracy-drop", f"{max_drop:g}",
+        "--dtypes", ",".join(deploy_dtypes()), "--max-accuracy-drop", f"{max_drop:g}",
         "--batch-sizes", str(BATCH_SIZES[0]), "--repeats", "0",
         "--out", str(work / "early_exit_dev.tsv"),
     )  # fmt: skip
