@@ -20,6 +20,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -148,55 +149,82 @@ def test_every_relative_link_resolves():
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict[str, str]:
-    """The stand-ins: a tiny Hugging Face BERT, its conversion ``M``, a pair model, the input
-    files; ``DATA`` is where the README's path prepares its data."""
+def path_world(tmp_path_factory) -> dict[str, str]:
+    """What the README's path needs: a tiny Hugging Face BERT and the input files in the
+    working folder; ``DATA`` is where the path prepares its data."""
     root = tmp_path_factory.mktemp("readme")
+    work = root / "work"  # as the repository root: --user-dir acl_fairseq is the plugin
+    work.mkdir()
+    tiny_bert(root / "hf")
+    for split, (n, seed) in {"train": (64, 0), "dev": (24, 1), "test": (24, 2)}.items():
+        write_tsv(work / f"{split}.tsv", n, seed)  # the README's train / dev / test TSVs
+    (work / "acl_fairseq").symlink_to(REPO / "acl_fairseq")
+    (work / "sentences.txt").write_text("Good1 good2 w3.\nbad1 bad2 w4\nw5 w6\n")
+    return {
+        "root": str(root),
+        "work": str(work),
+        "HF": str(root / "hf"),
+        "DATA": str(work / "data" / "reviews-bin"),
+    }
+
+
+@pytest.fixture(scope="module")
+def readme_path(path_world) -> str:
+    """The output of the README's path (its blocks run first: the pages after it use its data
+    and checkpoints)."""
+    out = [
+        run_block(lang, as_run(text, path_world), path_world["work"])
+        for page, lang, text in blocks()
+        if page == "README.md" and (page, key(text)) in RUN
+    ]
+    assert len(out) == len([r for r in RUN if r[0] == "README.md"])
+    return "".join(out)
+
+
+@pytest.fixture(scope="module")
+def world(path_world, readme_path) -> dict[str, str]:
+    """The other stand-ins, after the README's path: its conversion ``M``, a pair model, the
+    other input files."""
     from acl_fairseq.experiment.demo_assets import prepare_tsv
     from acl_fairseq.hf_bert.convert import convert
 
+    root, work = Path(path_world["root"]), Path(path_world["work"])
     model = root / "M"
-    convert(tiny_bert(root / "hf"), model)
+    convert(root / "hf", model)
     args = (model / "fairseq_args.txt").read_text().split()
     raw = root / "raw" / "pairs"
     raw.mkdir(parents=True)
-    work = root / "work"  # as the repository root: --user-dir acl_fairseq is the plugin
-    work.mkdir()
     for split, (n, seed) in {"train": (64, 0), "dev": (24, 1), "test": (24, 2)}.items():
         write_tsv(raw / f"{split}.tsv", n, seed, pair=True)
-        write_tsv(work / f"{split}.tsv", n, seed)  # the README's train / dev / test TSVs
     pairs = prepare_tsv(raw, "pairs", model, root / "data", "1,2")
     pair_args = train_args(multi_exit_arch(args), criterion="multi_exit_ce", max_update=2,
                            no_epoch_checkpoints=True)  # fmt: skip
     fairseq_train(pairs, root / "pair", *pair_args, "--separator-token", "2",
                   "--restore-file", str(model / "model.pt"), "--reset-optimizer")  # fmt: skip
-    (work / "acl_fairseq").symlink_to(REPO / "acl_fairseq")
-    (work / "sentences.txt").write_text("Good1 good2 w3.\nbad1 bad2 w4\nw5 w6\n")
     (work / "pairs.tsv").write_text("evidence\tclaim\nGood1 w2.\tw3 w4\nbad1 w5\tw6 w7\n")
     write_tsv(work / "reviews.tsv", 120, 3)
     return {
-        "work": str(work),
-        "HF": str(root / "hf"),
+        **path_world,
         "M": str(model),
         "M_ARGS": shlex.join(args),
         "M_MULTI_ARGS": shlex.join(multi_exit_arch(args)),
-        "DATA": str(work / "data" / "reviews-bin"),
         "PAIR_CKPT": str(root / "pair" / "checkpoint_last.pt"),
     }
 
 
 def as_run(block: str, world: dict[str, str]) -> str:
     """The block with the stand-ins and the cut sizes (every replacement listed here)."""
+    w = defaultdict(lambda: "MISSING", world)  # the README's path: before M and the pair model
     for written, run in [
-        ("--arch roberta_base", world["M_ARGS"]),
-        ("--arch multi_exit_roberta_base", world["M_MULTI_ARGS"]),
-        ("roberta.base/model.pt", f"{world['M']}/model.pt"),
-        (re.compile(r"(?<![\w/.])M/"), f"{world['M']}/"),
-        ("--model M ", f"--model {world['M']} "),
-        ("path/to/hf-bert", world["HF"]),
-        ("PAIR_CKPT", world["PAIR_CKPT"]),
+        ("--arch roberta_base", w["M_ARGS"]),
+        ("--arch multi_exit_roberta_base", w["M_MULTI_ARGS"]),
+        ("roberta.base/model.pt", f"{w['M']}/model.pt"),
+        (re.compile(r"(?<![\w/.])M/"), f"{w['M']}/"),
+        ("--model M ", f"--model {w['M']} "),
+        ("path/to/hf-bert", w["HF"]),
+        ("PAIR_CKPT", w["PAIR_CKPT"]),
         ("CKPT", "checkpoints/stage2/checkpoint_best.pt"),
-        ("DATA", world["DATA"]),
+        ("DATA", w["DATA"]),
         # offline: the runner's three requirements are installed here already
         (
             "pip install numpy onnxruntime tokenizers",
@@ -208,6 +236,7 @@ def as_run(block: str, world: dict[str, str]) -> str:
             block = written.sub(run, block)
         else:
             block = block.replace(written, run)
+    assert "MISSING" not in block, block
     return block
 
 
@@ -234,18 +263,25 @@ def run_block(language: str, block: str, cwd: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.server_off
-def test_the_documented_commands_run_as_written(world):
-    work = Path(world["work"])
-    out = []  # the output of each RUN block, in RUN order
-    for page, lang, text in blocks():
-        if (page, key(text)) in RUN:
-            out.append(run_block(lang, as_run(text, world), world["work"]))
-    path, compare, fewshot, predict, hub, sweep, saved, export, classify, bundle, bundled = out
-    assert (Path(world["DATA"]) / "label" / "dict.txt").is_file()  # prepared by the path
+def test_the_readme_path_runs_as_written(path_world, readme_path):
+    """The README's path: convert, prepare, the two trainings, fairseq-validate, predict."""
+    work = Path(path_world["work"])
+    assert (Path(path_world["DATA"]) / "label" / "dict.txt").is_file()  # prepared by the path
     assert (work / "bert-fairseq" / "model.pt").is_file()  # converted by the path
     assert (work / "checkpoints/stage2/checkpoint_best.pt").is_file()
-    assert "accuracy_exit1" in path  # fairseq-validate: every exit
-    assert "acl-fairseq-predict: 3 sentences" in path  # sentences.txt
+    assert "accuracy_exit1" in readme_path  # fairseq-validate: every exit
+    assert "acl-fairseq-predict: 3 sentences" in readme_path  # sentences.txt
+
+
+@pytest.mark.slow
+def test_the_documented_commands_run_as_written(world):
+    """The other pages' blocks, in page order, in the folder the README's path left."""
+    work = Path(world["work"])
+    out = []  # the output of each RUN block after the README's, in RUN order
+    for page, lang, text in blocks():
+        if page != "README.md" and (page, key(text)) in RUN:
+            out.append(run_block(lang, as_run(text, world), world["work"]))
+    compare, fewshot, predict, hub, sweep, saved, export, classify, bundle, bundled = out
     assert (work / "RESULTS/results.md").is_file() and (work / "FEWSHOT/fewshot.md").is_file()
     assert "acl-fairseq-predict: 3 sentences" in predict  # sentences.txt
     assert "acl-fairseq-predict: 2 sentences" in predict  # pairs.tsv after its header
