@@ -84,29 +84,32 @@ def one_worker(sentiment_data, tmp_path_factory) -> Trained:
 
 
 @pytest.mark.slow
-@pytest.mark.server_off
-def test_two_processes_as_two_machines_train_as_one_worker(sentiment_data, tmp_path, one_worker):
+@pytest.mark.parametrize(
+    "backend", ["legacy_ddp", pytest.param("pytorch_ddp", marks=pytest.mark.server_off)]
+)
+def test_two_processes_as_two_machines_train_as_one_worker(
+    sentiment_data, tmp_path, one_worker, backend
+):
     """Both data-parallel backends: the same weights, statistics and ACL-Grad decisions as
     one worker with --update-freq 2."""
-    for backend in ("legacy_ddp", "pytorch_ddp"):
-        run = Run("acl_embed", workers=2, backend=backend, find_unused=backend == "pytorch_ddp")
-        save_dir = tmp_path / backend
-        save_dir.mkdir()
-        port = free_port()
-        procs = [
-            start(
-                train_command(
-                    sentiment_data, save_dir, *run.args(save_dir), *machine_flags(rank, port)
-                ),
-                save_dir / f"machine{rank}.log",
-            )  # fmt: skip
-            for rank in (0, 1)
-        ]
-        codes = [finish(p) for p in procs]
-        rank0 = (save_dir / "machine0.log").read_text()
-        assert codes == [0, 0], rank0[-3000:] + (save_dir / "machine1.log").read_text()[-3000:]
-        assert "training on 2 devices" in rank0
-        assert_same_training(one_worker, Trained(run, rank0, save_dir))
+    run = Run("acl_embed", workers=2, backend=backend, find_unused=backend == "pytorch_ddp")
+    save_dir = tmp_path / backend
+    save_dir.mkdir()
+    port = free_port()
+    procs = [
+        start(
+            train_command(
+                sentiment_data, save_dir, *run.args(save_dir), *machine_flags(rank, port)
+            ),
+            save_dir / f"machine{rank}.log",
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    codes = [finish(p) for p in procs]
+    rank0 = (save_dir / "machine0.log").read_text()
+    assert codes == [0, 0], rank0[-3000:] + (save_dir / "machine1.log").read_text()[-3000:]
+    assert "training on 2 devices" in rank0
+    assert_same_training(one_worker, Trained(run, rank0, save_dir))
 
 
 @pytest.mark.slow
