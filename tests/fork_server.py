@@ -12,13 +12,14 @@ rewrites a command line to the stand-ins; inside a served command ``sys.executab
 stand-in ``python``, so the commands it starts (``python -m ...``, ``BIN/fairseq-train``) are
 served too. What a fresh process would read from the environment at import time (torch's and
 fairseq's own settings) comes from the server's start instead; ``OMP_NUM_THREADS``,
-``PYTHONPATH`` and ``PYTHONUNBUFFERED`` are applied. Off with ``ACL_TEST_FORK_SERVER=0``: every
-command a fresh process.
+``PYTHONPATH``, ``PYTHONUNBUFFERED`` and the client's file-size limit (``ulimit -f``) are
+applied. Off with ``ACL_TEST_FORK_SERVER=0``: every command a fresh process.
 
 Protocol (a Unix socket ``server.sock`` in the shim folder): the client sends an 8-byte length
-with its fds 0, 1, 2, then a JSON request ``{"name", "args", "env", "cwd"}``; the server forks a
-handler, which forks the command and answers ``{"pid": N}``, then ``{"rc": N}`` when it ends
-(negative: the signal that killed it). The handler kills the command if the client goes away.
+with its fds 0, 1, 2, then a JSON request ``{"name", "args", "env", "cwd", "fsize"}``; the
+server forks a handler, which forks the command and answers ``{"pid": N}``, then ``{"rc": N}``
+when it ends (negative: the signal that killed it). The handler kills the command if the client
+goes away.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import atexit
 import json
 import logging
 import os
+import resource
 import select
 import shutil
 import signal
@@ -190,6 +192,8 @@ def _handle(conn: socket.socket, shim: str) -> None:
             for sig in (signal.SIGTERM, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)  # as Python starts
+            if "fsize" in request:  # the client's ulimit -f (a full disk's stand-in)
+                resource.setrlimit(resource.RLIMIT_FSIZE, tuple(request["fsize"]))
             code = run_command(request["name"], request["args"], request["env"],
                                request["cwd"], shim)  # fmt: skip
         finally:

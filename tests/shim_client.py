@@ -1,11 +1,13 @@
 """A stand-in for ``python``, ``fairseq-train``, ``fairseq-validate`` or ``acl-fairseq-NAME``
 (its name says which): the command runs in the fork server of tests/fork_server.py, with this
-process's arguments, environment, working folder and standard streams; this process forwards
-SIGINT, SIGTERM and SIGHUP to it and ends as it ends (its exit code, or killed by its signal).
-Imports nothing beyond the standard library's sockets, so it starts in milliseconds."""
+process's arguments, environment, working folder, standard streams and file-size limit; this
+process forwards SIGINT, SIGTERM and SIGHUP to it and ends as it ends (its exit code, or killed
+by its signal). Imports nothing beyond the standard library's sockets, so it starts in
+milliseconds."""
 
 import json
 import os
+import resource
 import signal
 import socket
 import struct
@@ -26,7 +28,8 @@ def main() -> None:
             fds.append(fd)
         except OSError:  # a closed stream: the command gets /dev/null
             fds.append(os.open(os.devnull, os.O_RDWR))
-    request = {"name": name, "args": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd()}
+    request = {"name": name, "args": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(),
+               "fsize": resource.getrlimit(resource.RLIMIT_FSIZE)}  # fmt: skip
     data = json.dumps(request).encode()
     socket.send_fds(sock, [struct.pack("!Q", len(data))], fds)
     sock.sendall(data)

@@ -19,6 +19,7 @@ import torch
 from fairseq import checkpoint_utils, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.file_io import PathManager
+from fork_server import ForkServer
 
 import acl_fairseq  # noqa: F401  (installs the checks and the atomic files)
 from acl_fairseq.checkpoint import atomic_files
@@ -507,8 +508,8 @@ def test_a_full_disk_while_saving_names_the_disk_and_the_intact_checkpoint(
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600,
-                          preexec_fn=limited)  # fmt: skip
+    proc = subprocess.run(ForkServer.served(cmd), capture_output=True, text=True, env=env,
+                          timeout=600, preexec_fn=limited)  # fmt: skip
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "Traceback" not in out and "unexpected pos" not in out
