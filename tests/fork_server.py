@@ -218,14 +218,16 @@ def _handle(conn: socket.socket, shim: str) -> None:
 
 
 def serve(shim: str) -> None:
-    """The server: imports torch and fairseq's entry points, then forks a handler per client
-    of ``shim/server.sock`` until stdin closes."""
+    """The server: imports torch (with ``torch._dynamo``, which an optimizer's construction
+    imports) and fairseq's entry points, then forks a handler per client of
+    ``shim/server.sock`` until stdin closes."""
     devnull = os.open(os.devnull, os.O_RDWR)
     stop = os.dup(0)
     for fd in (0, 1):
         os.dup2(devnull, fd)
     SYS_PATH[:] = sys.path[1:]
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401  (torch.optim imports it at the first optimizer: seconds)
 
     for module in ENTRY_POINTS.values():  # what they import (themselves again in each command)
         __import__(module)
