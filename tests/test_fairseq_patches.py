@@ -9,7 +9,6 @@ import ast
 import importlib
 import inspect
 import random
-import subprocess
 import sys
 from pathlib import Path
 from unittest.mock import MagicMock, patch
@@ -22,7 +21,7 @@ from omegaconf import OmegaConf
 from acl_fairseq import fairseq_patches
 from acl_fairseq.errors import AclValueError
 
-from fairseq_helpers import BIN, REPO, USER_DIR, command_env, run, train_args
+from fairseq_helpers import BIN, REPO, USER_DIR, run, train_args
 
 PACKAGE = REPO / "acl_fairseq"
 USAGE = REPO / "docs" / "usage.md"
@@ -230,14 +229,10 @@ LM = [
 
 
 def train_stock(data: Path, save_dir: Path, args: list[str], plugin: bool, env: dict) -> None:
-    """fairseq-train in a fresh process (not the tests' fork server, whose start imports
-    nothing of the plugin either way), with or without ``--user-dir acl_fairseq``."""
+    """fairseq-train, with or without ``--user-dir acl_fairseq`` (served: the tests' fork
+    server imports torch and fairseq's entry points, nothing of the plugin)."""
     cmd = [str(BIN / "fairseq-train"), str(data), "--save-dir", str(save_dir), *args]
-    cmd += ["--user-dir", str(USER_DIR)] if plugin else []
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=command_env(env), cwd=str(REPO), timeout=900
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    run(cmd + (["--user-dir", str(USER_DIR)] if plugin else []), env=env)
 
 
 def what_was_saved(save_dir: Path) -> tuple[list[str], dict]:
