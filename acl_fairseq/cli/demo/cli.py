@@ -5,11 +5,12 @@
 2. converts MiniLM to a fairseq RoBERTa-architecture checkpoint;
 3. splits the sentences into train / dev / test (fixed seed), tokenizes with MiniLM's
    WordPiece and binarizes them;
-4. fine-tunes a plain CE baseline, then ACL (CE + ACL-Embed + ACL-Grad) as stage 1, then the
-   exits with ACL-CL as stage 2, then refits the shallow exits' heads on the frozen model
-   (stage 3: ``--freeze-backbone``, CE and self-distillation from the final exit, which does
-   not change; linear exit heads, the cheapest at batch 1), choosing checkpoints on dev;
-5. reports per-exit accuracy on the held-out test split;
+4. fine-tunes a plain CE baseline and ACL (CE + ACL-Embed + ACL-Grad) as stage 1, side by
+   side on the cores, then the exits with ACL-CL as stage 2, then refits the shallow exits'
+   heads on the frozen model (stage 3: ``--freeze-backbone``, CE and self-distillation from
+   the final exit, which does not change; linear exit heads, the cheapest at batch 1), in
+   batches of sentences of similar length, choosing checkpoints on dev;
+5. reports per-exit accuracy on the held-out test split (in this process);
 6. chooses a precision (int8, bf16, fp32) and an early-exit policy on dev with
    ``acl-fairseq-sweep --max-accuracy-drop`` (saved next to the checkpoint);
 7. reports that choice on test: accuracy, layers used, and the speed-up over fp32 at full depth
