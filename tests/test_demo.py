@@ -205,7 +205,7 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     assert "chosen: int8 + entropy:" in (work / "results.md").read_text()
     assert "time per step, wall / CPU seconds" in output and "done in " in output
     assert "DEBUG" not in output
-    assert "Namespace(" not in output
+    assert "Namespace(" not in output and "pin_memory" not in output
 
 
 @pytest.mark.parametrize(

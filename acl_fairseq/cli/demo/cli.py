@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -230,7 +231,9 @@ def exit_accuracy(data: Path, checkpoint: Path, subset: str = "test") -> dict[in
     """Each exit's accuracy (%) on ``subset``, by layer (a single-exit model: its final exit
     only), computed in this process as fairseq validates the checkpoint."""
     loaded = load_for_inference(checkpoint, data)
-    predictions = predict_split(loaded.model, loaded.task, subset, EVAL_BATCH_SIZE)
+    with warnings.catch_warnings():  # torch's data loader: "'pin_memory' ... no accelerator"
+        warnings.filterwarnings("ignore", message=".*pin_memory", category=UserWarning)
+        predictions = predict_split(loaded.model, loaded.task, subset, EVAL_BATCH_SIZE)
     return {layer: predictions.accuracy(layer) for layer in predictions.exits}
 
 
