@@ -19,10 +19,13 @@ from fork_server import ForkServer
 from acl_fairseq.cli.demo import cli as demo
 from acl_fairseq.cli.demo.clock import Clock
 from acl_fairseq.cpu_features import has_native_bf16
+from acl_fairseq.experiment.fairseq_log import test_metrics as validate_metrics
+from acl_fairseq.experiment.paths import BIN, USER_DIR
 from acl_fairseq.experiment.recipe import flag_value
 from acl_fairseq.inference.saved_policy import read_policy
 
-from fairseq_helpers import NEGATIVE, NEUTRAL, POSITIVE, REPO
+from fairseq_helpers import NEGATIVE, NEUTRAL, POSITIVE, REPO, run
+from predict_helpers import trained  # noqa: F401 (a fixture: a tiny multi-exit checkpoint)
 from tiny_bert import tiny_bert
 
 
@@ -34,7 +37,7 @@ def demo_train_command(tmp_path, monkeypatch, method: str, restore, epochs: int,
     (model / "fairseq_args.txt").write_text("--arch roberta --encoder-layers 2\n")
     commands = []
 
-    def fake_run(cmd, log_file):
+    def fake_run(cmd, log_file, threads=None, tag=""):
         commands.append(cmd)
         (log_file.parent / "checkpoint_best.pt").write_bytes(b"")
 
@@ -107,6 +110,49 @@ def snippets(path: Path, n: int) -> None:
     path.write_text("".join(lines), encoding="utf-8")
 
 
+@pytest.mark.parametrize("cores, threads", [(4, 2), (2, 1), (1, None)])
+def test_stage_1_trains_ce_and_acl_side_by_side_on_the_cores(tmp_path, monkeypatch, cores, threads):
+    """CE and ACL stage 1 run at once, the cores shared, each line tagged by its method; on
+    one core, one after the other on it."""
+    ran = []
+
+    def fake_run(cmd, log_file, threads=None, tag=""):
+        ran.append((flag_value(cmd, "--criterion"), threads, tag, log_file.parent.name))
+        (log_file.parent / "checkpoint_best.pt").write_bytes(b"")
+
+    monkeypatch.setattr(demo, "run_logged", fake_run)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "fairseq_args.txt").write_text("--arch roberta --encoder-layers 2\n")
+    args = argparse.Namespace(force=False, train=32, batch_size=16, lr=5e-5, seed=1,
+                              autocast="none")  # fmt: skip
+    common = dict(data=tmp_path / "data", model_dir=model, args=args, restore=model, epochs=1)
+    jobs = [{**common, "save_dir": tmp_path / m, "method": m} for m in ("ce", "acl")]
+    assert demo.train_side_by_side(jobs) == [tmp_path / m / "checkpoint_best.pt"
+                                             for m in ("ce", "acl")]  # fmt: skip
+    tags = ("[ce] ", "[acl] ") if threads else ("", "")
+    assert sorted(ran) == sorted([("sentence_prediction", threads, tags[0], "ce"),
+                                  ("acl_embed", threads, tags[1], "acl")])  # fmt: skip
+
+
+def test_step_5_accuracy_is_fairseq_validates(trained):  # noqa: F811
+    """Step 5's in-process accuracy of every exit equals fairseq-validate's on the same
+    checkpoint and split (the command step 5 ran before)."""
+    data, checkpoint = trained["data"], trained["ckpt"]
+    ours = demo.exit_accuracy(data, checkpoint, "test")
+    out = run([str(BIN / "fairseq-validate"), str(data), "--user-dir", str(USER_DIR),
+               "--task", "acl_sentence_prediction", "--criterion", "acl_cross_layer",
+               "--no-acl-grad", "--path", str(checkpoint), "--valid-subset", "test",
+               "--batch-size", "64", "--required-batch-size-multiple", "1", "--cpu",
+               "--num-workers", "0", "--log-format", "json"])  # fmt: skip
+    theirs = validate_metrics(out, "test")
+    layers = sorted(int(k[len("accuracy_exit") :]) for k in theirs if k.startswith("accuracy_exit"))
+    assert len(layers) > 1 and sorted(ours) == layers
+    for layer in layers:  # fairseq logs accuracy rounded to 0.1
+        assert ours[layer] == pytest.approx(theirs[f"accuracy_exit{layer}"], abs=0.05 + 1e-9)
+
+
 @pytest.mark.slow
 def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     work = tmp_path / "demo_work"
@@ -125,6 +171,7 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     for step in range(1, 9):
         assert f"=== {step}/8 " in output
     assert "| ACL + ACL-CL stage 2 |" in output and "| exits refitted (stage 3) |" in output
+    assert "[ce] trained in " in output and "[acl] trained in " in output  # side by side
     # stage 3 trained the shallow exits' heads only: every other weight is stage 2's
     (stage2,) = (work / "runs").glob("*/acl_cl/checkpoint_best.pt")
     (ckpt,) = (work / "runs").glob("*/acl_cl_refit-ep20/checkpoint_best.pt")
@@ -158,7 +205,7 @@ def test_demo_runs_every_step_without_debug_lines_or_namespaces(tmp_path):
     assert "chosen: int8 + entropy:" in (work / "results.md").read_text()
     assert "time per step, wall / CPU seconds" in output and "done in " in output
     assert "DEBUG" not in output
-    assert "Namespace(" not in output
+    assert "Namespace(" not in output and "pin_memory" not in output
 
 
 @pytest.mark.parametrize(

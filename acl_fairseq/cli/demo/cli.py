@@ -5,11 +5,12 @@
 2. converts MiniLM to a fairseq RoBERTa-architecture checkpoint;
 3. splits the sentences into train / dev / test (fixed seed), tokenizes with MiniLM's
    WordPiece and binarizes them;
-4. fine-tunes a plain CE baseline, then ACL (CE + ACL-Embed + ACL-Grad) as stage 1, then the
-   exits with ACL-CL as stage 2, then refits the shallow exits' heads on the frozen model
-   (stage 3: ``--freeze-backbone``, CE and self-distillation from the final exit, which does
-   not change; linear exit heads, the cheapest at batch 1), choosing checkpoints on dev;
-5. reports per-exit accuracy on the held-out test split;
+4. fine-tunes a plain CE baseline and ACL (CE + ACL-Embed + ACL-Grad) as stage 1, side by
+   side on the cores, then the exits with ACL-CL as stage 2, then refits the shallow exits'
+   heads on the frozen model (stage 3: ``--freeze-backbone``, CE and self-distillation from
+   the final exit, which does not change; linear exit heads, the cheapest at batch 1), in
+   batches of sentences of similar length, choosing checkpoints on dev;
+5. reports per-exit accuracy on the held-out test split (in this process);
 6. chooses a precision (int8, bf16, fp32) and an early-exit policy on dev with
    ``acl-fairseq-sweep --max-accuracy-drop`` (saved next to the checkpoint);
 7. reports that choice on test: accuracy, layers used, and the speed-up over fp32 at full depth
@@ -26,6 +27,8 @@ import os
 import shutil
 import sys
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from acl_fairseq.cli.demo import deployable as deploy
@@ -41,14 +44,15 @@ from acl_fairseq.experiment.demo_assets import (
     polarity_rows,
     prepare_tsv,
 )
-from acl_fairseq.experiment.fairseq_log import progress_kind, test_metrics
-from acl_fairseq.experiment.paths import BIN, USER_DIR
+from acl_fairseq.experiment.fairseq_log import progress_kind
+from acl_fairseq.experiment.predictions import predict_split
 from acl_fairseq.experiment.recipe import (
     criterion_flags,
     model_flags,
     multi_exit_arch,
     train_command,
 )
+from acl_fairseq.inference.loader import load_for_inference
 
 EXAMPLE_SENTENCES = [
     "a gripping, beautifully acted film that stays with you long after it ends .",
@@ -72,6 +76,12 @@ REFIT_FLAGS = (
 final exit."""
 REFIT_LR = 1e-3
 """Chosen on the demo's dev split (docs/results.md, "The exits refitted on the frozen model")."""
+TRAIN_EXTRA = ("--group-by-length", "--batch-size-valid", "64")
+"""Every stage: batches of sentences of similar length (random batches are mostly padding
+here), dev batches of 64."""
+VALIDATIONS = 2
+"""Dev validations per stage-1/2 epoch (checkpoint choice), the last at the epoch's end."""
+EVAL_BATCH_SIZE = 64
 
 
 def step(title: str) -> None:
@@ -133,14 +143,16 @@ def prepare(raw: Path, model_dir: Path, work: Path) -> Path:
         raise AclRuntimeError(f"data preparation of {name} failed: {e}") from None
 
 
-def run_logged(cmd: list[str], log_file: Path) -> None:
-    """Runs a fairseq command, printing its progress lines; full log in ``log_file``."""
+def run_logged(cmd: list[str], log_file: Path, threads: int | None = None, tag: str = "") -> None:
+    """Runs a fairseq command, printing its progress lines (after ``tag``); full log in
+    ``log_file``. ``threads``: its ``OMP_NUM_THREADS`` (None: this process's)."""
 
     def show(line: str) -> None:
         if progress_kind(line) or "Error" in line:
-            print("   " + line.split("| INFO | ")[-1].rstrip()[:200], flush=True)
+            print(f"   {tag}" + line.split("| INFO | ")[-1].rstrip()[:200], flush=True)
 
-    if stream_to_log(cmd, log_file, show) != 0:
+    env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if stream_to_log(cmd, log_file, show, env) != 0:
         raise AclRuntimeError(f"failed: {' '.join(cmd)}\nsee {log_file}")
 
 
@@ -153,14 +165,17 @@ def train(
     restore: Path,
     epochs: int,
     refit: bool = False,
+    threads: int | None = None,
 ) -> Path:
     """Fine-tunes ``method`` (``ce``, ``acl``, ``acl_cl``, ``multi_exit_joint``:
     ``acl_fairseq.experiment.recipe``) from ``restore`` into ``save_dir``; returns its best
     checkpoint on dev. ``refit``: stage 3 (``REFIT_FLAGS`` at ``REFIT_LR``), whose final exit
-    does not move, so its checkpoint is the one with the lowest dev loss."""
+    does not move, so its checkpoint is the one with the lowest dev loss. ``threads``: run
+    beside another training on that many threads (its lines tagged with ``method``)."""
     best = save_dir / "checkpoint_best.pt"
+    tag = "" if threads is None else f"[{method}] "
     if best.exists() and not args.force:
-        print(f"   (done before: {shown(best)})")
+        print(f"   {tag}(done before: {shown(best)})")
         return best
     if save_dir.exists():
         shutil.rmtree(save_dir)
@@ -187,36 +202,39 @@ def train(
         num_workers=0,
         log_format="simple",
         log_interval=25,
-        validate_interval_updates=max(25, updates // 3),
-        extra=["--autocast", args.autocast] if args.autocast != "none" else [],
+        validate_interval_updates=max(25, updates // VALIDATIONS),
+        extra=[*TRAIN_EXTRA, *(["--autocast", args.autocast] if args.autocast != "none" else [])],
     )
     start = (time.time(), cpu_seconds())
-    run_logged(cmd, save_dir / "train.log")
+    run_logged(cmd, save_dir / "train.log", threads, tag)
     for interval_copy in save_dir.glob("checkpoint_*_*.pt"):
         interval_copy.unlink()
     wall, cpu = Clock.since(start)
-    print(f"   trained in {wall:.0f} s (CPU {cpu:.0f} s)")
+    # beside another run, this process's CPU time also counts the other's
+    print(f"   {tag}trained in {wall:.0f} s" + ("" if threads else f" (CPU {cpu:.0f} s)"))
     return best
 
 
-def evaluate(data: Path, checkpoint: Path, criterion: str, subset: str = "test") -> dict:
-    """Per-exit test metrics of a checkpoint through fairseq-validate (JSON record)."""
-    out = commands.run(
-        [
-            str(BIN / "fairseq-validate"), str(data), "--user-dir", str(USER_DIR),
-            "--task", "acl_sentence_prediction", "--criterion", criterion, "--no-acl-grad",
-            "--path", str(checkpoint), "--valid-subset", subset, "--batch-size", "64",
-            "--required-batch-size-multiple", "1",  # else fairseq drops the last examples
-            "--cpu", "--num-workers", "0", "--log-format", "json",
-        ],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    try:
-        return test_metrics(out, subset)  # the last JSON record of the subset
-    except ValueError:
-        raise AclRuntimeError(
-            f"no '{subset}' metrics in the fairseq-validate output of {checkpoint}"
-        ) from None
+def train_side_by_side(jobs: list[dict]) -> list[Path]:
+    """``train(**job)`` of each job at once, the CPU's cores shared between them (two small
+    trainings on one thread each run faster than one after the other on two); their best
+    checkpoints. One core: one after the other."""
+    threads = (os.cpu_count() or 1) // len(jobs)
+    if threads < 1:
+        return [train(**job) for job in jobs]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(train, **job, threads=threads) for job in jobs]
+        return [future.result() for future in futures]
+
+
+def exit_accuracy(data: Path, checkpoint: Path, subset: str = "test") -> dict[int, float]:
+    """Each exit's accuracy (%) on ``subset``, by layer (a single-exit model: its final exit
+    only), computed in this process as fairseq validates the checkpoint."""
+    loaded = load_for_inference(checkpoint, data)
+    with warnings.catch_warnings():  # torch's data loader: "'pin_memory' ... no accelerator"
+        warnings.filterwarnings("ignore", message=".*pin_memory", category=UserWarning)
+        predictions = predict_split(loaded.model, loaded.task, subset, EVAL_BATCH_SIZE)
+    return {layer: predictions.accuracy(layer) for layer in predictions.exits}
 
 
 def predict_command(checkpoint: Path, data: Path, policy: str | None = None) -> list[str]:
@@ -250,9 +268,9 @@ def classify_examples(checkpoint: Path, data: Path, sentences: list[str] | None 
     return "\n".join(lines + said + [proc.stderr.strip().splitlines()[-1]])
 
 
-def per_exit(metrics: dict, layers: list[int]) -> str:
-    """``a | b | ...``: each exit's accuracy in ``fairseq-validate``'s ``metrics``."""
-    return " | ".join(f"{metrics[f'accuracy_exit{layer}']:.1f}" for layer in layers)
+def per_exit(accuracy: dict[int, float], layers: list[int]) -> str:
+    """``a | b | ...``: each exit's accuracy (``exit_accuracy``'s) at ``layers``."""
+    return " | ".join(f"{accuracy[layer]:.1f}" for layer in layers)
 
 
 def resolve_autocast(choice: str) -> str:
@@ -391,10 +409,12 @@ def run_demo(args: argparse.Namespace) -> int:
     settings += "" if args.autocast == "none" else f"-{args.autocast}"
     tag = f"{data.name[: -len('-bin')]}-{settings}"
     runs = work / "runs" / tag
-    print("-- CE (fairseq sentence_prediction), final exit only")
-    ce = train(data, model_dir, runs / "ce", "ce", args, restore, args.epochs)
-    print("-- ACL stage 1: CE + ACL-Embed with ACL-Grad (acl_embed), final exit")
-    acl = train(data, model_dir, runs / "acl", "acl", args, restore, args.epochs)
+    print("-- side by side: [ce] CE (fairseq sentence_prediction), final exit only; [acl] ACL")
+    print("   stage 1: CE + ACL-Embed with ACL-Grad (acl_embed), final exit")
+    stage1 = dict(data=data, model_dir=model_dir, args=args, restore=restore, epochs=args.epochs)
+    ce, acl = train_side_by_side(
+        [{**stage1, "save_dir": runs / m, "method": m} for m in ("ce", "acl")]
+    )
     print("-- ACL-CL stage 2: every exit, ACL-CL to the last exit (acl_cross_layer)")
     acl_cl = train(data, model_dir, runs / "acl_cl", "acl_cl", args, acl, args.epochs)
     deployed = acl_cl
@@ -407,20 +427,19 @@ def run_demo(args: argparse.Namespace) -> int:
     clock.lap("4 fine-tune")
 
     step(f"5/{STEPS} held-out test accuracy (checkpoints chosen on dev)")
-    ce_test = evaluate(data, ce, "acl_embed")
-    acl_test = evaluate(data, acl, "acl_embed")
-    cl_test = evaluate(data, acl_cl, "acl_cross_layer")
-    layers = sorted(int(k.split("exit")[1]) for k in cl_test if k.startswith("accuracy_exit"))
+    ce_test, acl_test = (max(exit_accuracy(data, c).items())[1] for c in (ce, acl))
+    cl_test = exit_accuracy(data, acl_cl)
+    layers = sorted(cl_test)
     rows = [("ACL + ACL-CL stage 2", cl_test)]
     if deployed != acl_cl:
-        rows.append(("exits refitted (stage 3)", evaluate(data, deployed, "acl_cross_layer")))
+        rows.append(("exits refitted (stage 3)", exit_accuracy(data, deployed)))
     lines = [
         f"test split: {args.test} Rotten Tomatoes sentences, MiniLM-L6, seed {args.seed}",
         "",
         "| model | " + " | ".join(f"exit {layer}" for layer in layers) + " |",
         "|---|" + "---|" * len(layers),
-        f"| CE (final exit only) | {'| ' * (len(layers) - 1)}{ce_test['accuracy']:.1f} |",
-        f"| ACL stage 1 (final exit only) | {'| ' * (len(layers) - 1)}{acl_test['accuracy']:.1f} |",
+        f"| CE (final exit only) | {'| ' * (len(layers) - 1)}{ce_test:.1f} |",
+        f"| ACL stage 1 (final exit only) | {'| ' * (len(layers) - 1)}{acl_test:.1f} |",
         *(f"| {name} | {per_exit(m, layers)} |" for name, m in rows),
     ]
     print("\n".join(lines))
