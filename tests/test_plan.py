@@ -170,9 +170,9 @@ def _hub(folder: Path, data: Path, asked: dict) -> tuple:
 
 @pytest.fixture
 def read_once(monkeypatch) -> None:
-    """Each checkpoint's bytes read to CPU once, a copy of the state per load: the grid loads
-    the same weights twice per combination (predict, hub); what is decided from them and the
-    model built from them are as without the cache."""
+    """Each checkpoint unpickled once (keyed by its bytes' hash), a copy of the state per load:
+    the grid loads the same weights twice per combination (predict, hub); what is decided from
+    them and the model built from them are as without the cache."""
     from fairseq import checkpoint_utils
 
     load = checkpoint_utils.load_checkpoint_to_cpu

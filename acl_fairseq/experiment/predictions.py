@@ -9,6 +9,7 @@ classes as ``sample["target"]`` holds them.
 from __future__ import annotations
 
 import csv
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,15 +66,17 @@ def predict_split(
     if split not in task.datasets:
         task.load_dataset(split)
     dataset = task.dataset(split)
-    iterator = task.get_batch_iterator(
-        dataset=dataset, max_sentences=batch_size, ignore_invalid_inputs=False, num_workers=0
-    ).next_epoch_itr(shuffle=False)
     device = next(model.parameters()).device
     size = len(dataset)
     labels = [-1] * size
     exits: dict[int, list[int]] = {}
     autocast = str(getattr(task, "autocast", "none"))
-    with torch.no_grad(), forward_precision(autocast, model):
+    with torch.no_grad(), forward_precision(autocast, model), warnings.catch_warnings():
+        # fairseq's iterator asks torch's data loader to pin memory: no accelerator, a warning
+        warnings.filterwarnings("ignore", message=".*pin_memory", category=UserWarning)
+        iterator = task.get_batch_iterator(
+            dataset=dataset, max_sentences=batch_size, ignore_invalid_inputs=False, num_workers=0
+        ).next_epoch_itr(shuffle=False)
         for sample in iterator:
             ids = sample["id"].tolist()
             tokens = sample["net_input"]["src_tokens"].to(device)
