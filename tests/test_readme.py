@@ -230,6 +230,9 @@ def as_run(block: str, world: dict[str, str]) -> str:
             "pip install numpy onnxruntime tokenizers",
             'python -c "import numpy, onnxruntime, tokenizers"',
         ),
+        # the sweep's deploy-time guard compares wall-clock times, which on a tiny model and a
+        # busy machine go either way (tested with fakes in test_early_exit_sweep.py): untimed
+        ("--max-accuracy-drop 1\n", "--max-accuracy-drop 1 --repeats 0\n"),
         *SIZES,
     ]:
         if isinstance(written, re.Pattern):
