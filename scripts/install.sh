@@ -42,4 +42,8 @@ if ! "$VENV/bin/python" -c "import fairseq" 2>/dev/null; then
   CFLAGS="${CFLAGS:-} -g0" $PIP install -q --no-compile --no-build-isolation --no-deps \
     -C "--build-option=build_ext -j$(nproc 2>/dev/null || echo 2)" fairseq-fixed==0.12.3.1
 fi
+# the bytecode of what the commands import, written once here: installed --no-compile, and
+# where PYTHONDONTWRITEBYTECODE is set (containers often set it) Python would otherwise compile
+# torch's and fairseq's modules again in every process
+"$VENV/bin/python" "$(dirname "$0")/compile_imported.py" acl_fairseq
 "$VENV/bin/python" -c "import acl_fairseq, fairseq, torch; print('acl-fairseq ready: fairseq', fairseq.__version__, 'torch', torch.__version__)"

@@ -3,8 +3,12 @@ configs of configs/ (composed and checked against the recipe), scripts/install.s
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -224,3 +228,35 @@ def test_install_sh_installs_fairseq_last_without_dependency_checks():
     assert "tensorboardX" in "\n".join(lines[installs[0] :])
     # the extensions compile on every core and without debug information
     assert "build_ext -j" in lines[fairseq[0]] and "-g0" in lines[fairseq[0]]
+
+
+def test_install_sh_writes_the_bytecode_of_what_the_commands_import(tmp_path: Path):
+    """scripts/compile_imported.py, which install.sh runs on acl_fairseq: every module of a
+    package compiled where PYTHONDONTWRITEBYTECODE is set, its __main__ not run, a module that
+    fails to import skipped."""
+    assert '/compile_imported.py" acl_fairseq' in (REPO / "scripts" / "install.sh").read_text()
+    package = tmp_path / "pkgx"
+    (package / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "a.py", "sub/__init__.py", "sub/b.py"):
+        (package / name).write_text("X = 1\n")
+    (package / "broken.py").write_text("import no_such_module_anywhere\n")
+    (package / "__main__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tmp_path)}
+
+    def compiled() -> list[str]:
+        return sorted(
+            (p.parent.parent / p.name.split(".")[0]).relative_to(package).as_posix()
+            for p in package.rglob("*.pyc")
+        )
+
+    subprocess.run([sys.executable, "-c", "import pkgx.a"], env=env, check=True)
+    assert compiled() == []  # the control: imported, nothing kept
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "compile_imported.py"), "pkgx"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "bytecode written for 4 modules" in proc.stdout
+    # broken.py compiles, then fails to run: skipped
+    assert compiled() == ["__init__", "a", "broken", "sub/__init__", "sub/b"]
+    assert not (tmp_path / "ran").exists()
